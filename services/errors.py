@@ -1,0 +1,112 @@
+"""One error model for every service, and one mapper from it to the error body.
+
+`ServiceError` subclasses are expected failures with a status and a machine-readable
+type. Anything else reaching the handler is our bug: it is logged with its stack and
+answered as a generic 500 body without the stack.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class ServiceError(Exception):
+    status_code = 500
+    error_type = "internal_error"
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        param: str | None = None,
+        retry_after_s: int | None = None,
+    ) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.retry_after_s = retry_after_s
+
+
+class InvalidRequest(ServiceError):
+    """The caller's fault: the request can never succeed as sent."""
+
+    status_code = 400
+    error_type = "invalid_request"
+
+
+class ValidationFailed(InvalidRequest):
+    status_code = 422
+    error_type = "validation_error"
+
+
+class Unauthorized(ServiceError):
+    status_code = 401
+    error_type = "unauthorized"
+
+
+class NotFound(ServiceError):
+    status_code = 404
+    error_type = "not_found"
+
+
+class MethodNotAllowed(ServiceError):
+    status_code = 405
+    error_type = "method_not_allowed"
+
+
+class UnsupportedMediaType(ServiceError):
+    status_code = 415
+    error_type = "unsupported_media_type"
+
+
+class PayloadTooLarge(ServiceError):
+    status_code = 413
+    error_type = "payload_too_large"
+
+
+class DependencyUnavailable(ServiceError):
+    """A service we call is down, slow or answered garbage. Retry later."""
+
+    status_code = 503
+    error_type = "dependency_unavailable"
+
+    def __init__(self, message: str, *, retry_after_s: int = 5, **kw: Any) -> None:
+        super().__init__(message, retry_after_s=retry_after_s, **kw)
+
+
+class NotReady(DependencyUnavailable):
+    """This service cannot serve yet (model loading or failed to load)."""
+
+    error_type = "not_ready"
+
+
+class DeadlineExceeded(ServiceError):
+    status_code = 504
+    error_type = "deadline_exceeded"
+
+
+class PlanInvalid(ServiceError):
+    """The model produced a plan that fails the schema or DAG checks (retry or replan)."""
+
+    status_code = 502
+    error_type = "plan_invalid"
+
+
+class PlanningFailed(ServiceError):
+    """Every bounded attempt to produce a valid plan failed."""
+
+    status_code = 502
+    error_type = "planning_failed"
+
+
+def error_body(exc: ServiceError, trace_id: str) -> dict[str, Any]:
+    detail: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
+    if exc.param is not None:
+        detail["param"] = exc.param
+    return {"error": detail, "trace_id": trace_id}
+
+
+def error_headers(exc: ServiceError) -> dict[str, str]:
+    if exc.retry_after_s is not None:
+        return {"Retry-After": str(exc.retry_after_s)}
+    return {}

@@ -1,0 +1,241 @@
+"""Wire schemas shared by the planner, orchestrator and verifier.
+
+Every request and response body that crosses a service boundary is defined here, on
+one base that rejects unknown fields. A schema change is one diff every service sees.
+"""
+
+from __future__ import annotations
+
+import re
+from typing import Annotated, Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
+
+MAX_QUESTION_CHARS = 4000
+MAX_STEPS = 12
+MAX_STEP_INPUT_CHARS = 4000
+MAX_STATEMENT_CHARS = 8000
+MAX_CONTEXT_CHARS = 16000
+STEP_ID_PATTERN = r"^s([1-9]|1[0-2])$"
+TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
+
+
+class Wire(BaseModel):
+    """Base of every wire type: unknown fields are an error, never silently dropped."""
+
+    model_config = ConfigDict(extra="forbid", str_strip_whitespace=False)
+
+
+def _not_blank(value: str) -> str:
+    if not value.strip():
+        raise ValueError("must contain non-whitespace characters")
+    return value
+
+
+Question = Annotated[str, StringConstraints(min_length=1, max_length=MAX_QUESTION_CHARS)]
+StepId = Annotated[str, StringConstraints(pattern=STEP_ID_PATTERN)]
+ToolName = Annotated[str, StringConstraints(pattern=TOOL_NAME_PATTERN)]
+
+
+# --------------------------------------------------------------------------- plans
+
+
+class PlanStep(Wire):
+    id: StepId
+    tool: ToolName
+    input: Annotated[str, StringConstraints(min_length=1, max_length=MAX_STEP_INPUT_CHARS)]
+    depends_on: list[StepId] = Field(default_factory=list, max_length=MAX_STEPS)
+
+
+class Plan(Wire):
+    reasoning: Annotated[str, StringConstraints(max_length=1000)]
+    steps: list[PlanStep] = Field(min_length=1, max_length=MAX_STEPS)
+    answer_step: StepId
+
+
+# --------------------------------------------------------------------------- tools
+
+
+class ToolSpec(Wire):
+    """What the planner is told about a tool; the orchestrator owns the implementation."""
+
+    name: ToolName
+    description: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+    input_format: Annotated[str, StringConstraints(min_length=1, max_length=1000)]
+    example: Annotated[str, StringConstraints(max_length=500)] = ""
+
+
+StepStatus = Literal["ok", "error", "timeout", "fallback", "skipped"]
+StepSource = Literal["tool", "cache", "fallback"]
+
+
+class ToolRunRequest(Wire):
+    input: Annotated[str, StringConstraints(min_length=1, max_length=MAX_STEP_INPUT_CHARS)]
+    timeout_s: Annotated[float, Field(gt=0, le=60)] | None = None
+
+
+class ToolRunResult(Wire):
+    tool: str
+    input: str
+    status: StepStatus
+    output: str | None = None
+    error: str | None = None
+    source: StepSource = "tool"
+    latency_ms: float = 0.0
+
+
+class StepResult(ToolRunResult):
+    id: str
+
+
+# --------------------------------------------------------------------------- planner
+
+
+class PlanRequest(Wire):
+    question: Question
+    n: Annotated[int, Field(ge=1, le=8)] = 1
+    temperature: Annotated[float, Field(ge=0, le=2)] | None = None
+    tools: list[ToolSpec] | None = Field(default=None, max_length=32)
+    feedback: Annotated[str, StringConstraints(max_length=MAX_CONTEXT_CHARS)] | None = None
+
+    _blank = field_validator("question")(_not_blank)
+
+
+class PlanResponse(Wire):
+    plans: list[Plan]
+    model: str
+    backend: str
+    latency_ms: float
+
+
+# --------------------------------------------------------------------------- verifier
+
+
+class VerifyRequest(Wire):
+    question: Annotated[str, StringConstraints(max_length=MAX_QUESTION_CHARS)] | None = None
+    statement: Annotated[str, StringConstraints(min_length=1, max_length=MAX_STATEMENT_CHARS)]
+    context: Annotated[str, StringConstraints(max_length=MAX_CONTEXT_CHARS)] = ""
+
+    _blank = field_validator("statement")(_not_blank)
+
+
+VerifyMethod = Literal["symbolic", "model", "both"]
+
+
+class VerifyResponse(Wire):
+    verdict: bool
+    confidence: Annotated[float, Field(ge=0, le=1)]
+    method: VerifyMethod
+    latency_ms: float
+
+
+class VerifyBatchRequest(Wire):
+    items: list[VerifyRequest] = Field(min_length=1, max_length=16)
+
+
+class VerifyBatchResponse(Wire):
+    results: list[VerifyResponse]
+    latency_ms: float
+
+
+# --------------------------------------------------------------------------- orchestrator
+
+
+class ReasonOptions(Wire):
+    n_plans: Annotated[int, Field(ge=1, le=8)] = 1
+    verify: bool = True
+    use_cache: bool = True
+    deadline_s: Annotated[float, Field(ge=0.1, le=120)] = 30.0
+
+
+class ReasonRequest(Wire):
+    question: Question
+    options: ReasonOptions = Field(default_factory=ReasonOptions)
+
+    _blank = field_validator("question")(_not_blank)
+
+
+Verdict = Literal["verified", "rejected", "unverified"]
+
+
+class Timings(Wire):
+    plan: float = 0.0
+    execute: float = 0.0
+    verify: float = 0.0
+    total: float = 0.0
+
+
+class Agreement(Wire):
+    """How the self-consistency vote went (present when more than one plan ran)."""
+
+    plans: int
+    agreeing: int
+    rounds: int = 1
+
+
+class ReasonResponse(Wire):
+    trace_id: str
+    answer: str | None
+    verdict: Verdict
+    confidence: Annotated[float, Field(ge=0, le=1)]
+    plan: Plan | None
+    steps: list[StepResult]
+    cached: bool = False
+    cached_trace_id: str | None = None
+    agreement: Agreement | None = None
+    timings_ms: Timings
+
+
+# --------------------------------------------------------------------------- errors
+
+
+class ErrorDetail(Wire):
+    type: str
+    message: str
+    param: str | None = None
+
+
+class ErrorBody(Wire):
+    error: ErrorDetail
+    trace_id: str
+
+
+TRACE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
+
+
+def plan_json_schema(tool_names: list[str]) -> dict[str, Any]:
+    """The JSON schema handed to constrained decoders.
+
+    Every string and array is bounded so a decoder cannot run on to its token limit, and
+    the tool field is an enum of the registered tools.
+    """
+    step_ids = [f"s{i}" for i in range(1, MAX_STEPS + 1)]
+    return {
+        "type": "object",
+        "properties": {
+            "reasoning": {"type": "string", "maxLength": 300},
+            "steps": {
+                "type": "array",
+                "minItems": 1,
+                "maxItems": 6,
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "id": {"type": "string", "enum": step_ids},
+                        "tool": {"type": "string", "enum": sorted(tool_names)},
+                        "input": {"type": "string", "minLength": 1, "maxLength": 600},
+                        "depends_on": {
+                            "type": "array",
+                            "items": {"type": "string", "enum": step_ids},
+                            "maxItems": 6,
+                        },
+                    },
+                    "required": ["id", "tool", "input", "depends_on"],
+                    "additionalProperties": False,
+                },
+            },
+            "answer_step": {"type": "string", "enum": step_ids},
+        },
+        "required": ["reasoning", "steps", "answer_step"],
+        "additionalProperties": False,
+    }
