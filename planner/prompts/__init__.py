@@ -1,0 +1,1 @@
+"""Planner prompts, loaded as package data: a system prompt and GSM8K-train few-shot plans."""

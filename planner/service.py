@@ -1,0 +1,120 @@
+"""Planning logic: prompt, constrained generation, validation, bounded retry."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+
+import structlog
+from prometheus_client import Counter, Histogram
+
+from planner.backends.base import GenerationRequest, PlanBackend
+from planner.prompting import build_messages
+from services.errors import NotReady, PlanInvalid, PlanningFailed
+from services.plans import parse_plan
+from services.schemas import Plan, PlanRequest, PlanResponse, ToolSpec, plan_json_schema
+from services.settings import PlannerSettings
+from services.toolspecs import DEFAULT_TOOLS
+
+log = structlog.get_logger("planner")
+
+PLANS = Counter("planner_plans_total", "Plans generated", ["outcome"])
+PLAN_LATENCY = Histogram("planner_generation_seconds", "Backend generation latency")
+
+
+class PlannerService:
+    def __init__(self, backend: PlanBackend, settings: PlannerSettings) -> None:
+        self.backend = backend
+        self.settings = settings
+        self.ready = False
+        self.load_error: str | None = None
+        self._lock = asyncio.Lock()
+
+    async def load(self) -> None:
+        try:
+            await self.backend.load()
+        except Exception as exc:  # keep serving health checks; /plan answers 503
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.error(
+                "model failed to load",
+                **{"error.type": type(exc).__name__, "error.message": str(exc)},
+            )
+            return
+        self.ready = True
+        log.info("model loaded", backend=self.backend.name, model=self.backend.model)
+
+    async def readiness(self) -> tuple[bool, str]:
+        if self.ready:
+            return True, f"{self.backend.name}:{self.backend.model} loaded"
+        return False, self.load_error or "model loading"
+
+    async def plan(self, request: PlanRequest) -> PlanResponse:
+        if not self.ready:
+            raise NotReady(f"planner model not ready: {self.load_error or 'loading'}")
+        started = time.perf_counter()
+        tools: list[ToolSpec] = list(request.tools or DEFAULT_TOOLS)
+        names = [t.name for t in tools]
+        schema = plan_json_schema(names)
+        temperature = (
+            request.temperature if request.temperature is not None else self.settings.temperature
+        )
+        if request.n > 1 and temperature == 0:
+            temperature = self.settings.temperature or 0.3  # distinct samples need sampling
+        plans: list[Plan] = []
+        seen: set[str] = set()
+        feedback = request.feedback
+        errors: list[str] = []
+        for attempt in range(self.settings.max_attempts):
+            want = request.n - len(plans)
+            gen_request = GenerationRequest(
+                messages=build_messages(request.question, tools, feedback),
+                json_schema=schema,
+                n=want,
+                temperature=temperature,
+                top_p=self.settings.top_p,
+                max_tokens=self.settings.max_tokens,
+                seed=self.settings.seed + attempt,
+                question=request.question,
+                metadata={"attempt": attempt},
+            )
+            with PLAN_LATENCY.time():
+                generation = await self.backend.generate(gen_request)
+            for text in generation.texts:
+                try:
+                    plan = parse_plan(text, names)
+                except PlanInvalid as exc:
+                    PLANS.labels("invalid").inc()
+                    errors.append(exc.message)
+                    log.warning(
+                        "invalid plan from model",
+                        attempt=attempt,
+                        **{"error.type": "plan_invalid", "error.message": exc.message},
+                    )
+                    continue
+                key = plan.model_dump_json()
+                last_attempt = attempt == self.settings.max_attempts - 1
+                if key in seen and not last_attempt:
+                    continue  # ask again for a distinct sample; the last round takes repeats
+                seen.add(key)
+                plans.append(plan)
+                PLANS.labels("valid").inc()
+            if len(plans) >= request.n:
+                break
+            if errors:
+                feedback = _feedback(request.feedback, errors[-1])
+        if not plans:
+            raise PlanningFailed(
+                f"no valid plan after {self.settings.max_attempts} attempts; "
+                f"last error: {errors[-1] if errors else 'none'}"
+            )
+        return PlanResponse(
+            plans=plans[: request.n],
+            model=self.backend.model,
+            backend=self.backend.name,
+            latency_ms=(time.perf_counter() - started) * 1000,
+        )
+
+
+def _feedback(original: str | None, error: str) -> str:
+    note = f"Your last plan was invalid: {error}. Answer with a plan that fixes this."
+    return f"{original}\n{note}" if original else note

@@ -1,0 +1,243 @@
+"""The app factory every service is built with.
+
+It adds `/healthz`, `/readyz`, `/metrics`, the error handlers that map everything to the
+one error body, and the trace middleware: trace context in, `X-Trace-Id` out, body size
+and content-type checks, and one canonical log line per request.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Awaitable, Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+import structlog
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from services import tracing
+from services.errors import (
+    InvalidRequest,
+    MethodNotAllowed,
+    NotFound,
+    PayloadTooLarge,
+    ServiceError,
+    UnsupportedMediaType,
+    ValidationFailed,
+    error_body,
+    error_headers,
+)
+
+log = structlog.get_logger("http")
+
+HTTP_REQUESTS = Counter(
+    "http_requests_total", "HTTP requests handled", ["service", "route", "method", "status"]
+)
+HTTP_LATENCY = Histogram(
+    "http_request_duration_seconds",
+    "HTTP request latency",
+    ["service", "route"],
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+
+ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
+_BODY_METHODS = {"POST", "PUT", "PATCH"}
+
+
+def _json_response(exc: ServiceError, status: int | None = None) -> JSONResponse:
+    return JSONResponse(
+        error_body(exc, tracing.current_trace_id()),
+        status_code=status or exc.status_code,
+        headers=error_headers(exc),
+    )
+
+
+def _is_json(content_type: str) -> bool:
+    media = content_type.split(";", 1)[0].strip().lower()
+    return media == "application/json" or (
+        media.startswith("application/") and media.endswith("+json")
+    )
+
+
+class TraceMiddleware:
+    """Pure ASGI middleware, so streaming responses and disconnects pass through intact."""
+
+    def __init__(self, app: ASGIApp, *, service: str, max_body_bytes: int) -> None:
+        self.app = app
+        self.service = service
+        self.max_body_bytes = max_body_bytes
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        ctx = tracing.context_from_headers(headers.get("traceparent"), headers.get("x-request-id"))
+        token = tracing.activate(ctx)
+        started = time.perf_counter_ns()
+        state = {"status": 500, "started": False}
+        method = scope["method"]
+
+        async def send_wrapper(message: Message) -> None:
+            if message["type"] == "http.response.start":
+                state["status"] = message["status"]
+                state["started"] = True
+                extra = [(b"x-trace-id", ctx.trace_id.encode())]
+                if ctx.request_id:
+                    extra.append((b"x-request-id", ctx.request_id.encode()))
+                message["headers"] = list(message.get("headers", [])) + extra
+            await send(message)
+
+        received = 0
+
+        async def receive_wrapper() -> Message:
+            nonlocal received
+            message = await receive()
+            if message["type"] == "http.request":
+                received += len(message.get("body", b""))
+                if received > self.max_body_bytes:
+                    raise _TooLarge
+            return message
+
+        try:
+            early = self._precheck(method, headers)
+            if early is not None:
+                await early(scope, receive, send_wrapper)
+            else:
+                await self.app(scope, receive_wrapper, send_wrapper)
+        except _TooLarge:
+            if not state["started"]:
+                await _json_response(
+                    PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
+                )(scope, receive, send_wrapper)
+        except Exception:  # our bug: log the stack, answer without it
+            log.exception("unhandled error", **{"event.action": "error"})
+            if not state["started"]:
+                await _json_response(ServiceError("internal error"))(scope, receive, send_wrapper)
+        finally:
+            route = scope.get("route")
+            route_name = getattr(route, "path", None) or "unmatched"
+            duration_ns = time.perf_counter_ns() - started
+            status = int(state["status"])
+            HTTP_REQUESTS.labels(self.service, route_name, method, str(status)).inc()
+            HTTP_LATENCY.labels(self.service, route_name).observe(duration_ns / 1e9)
+            if route_name not in ("/metrics", "/healthz", "/readyz"):
+                log.info(
+                    f"{method} {route_name} {status}",
+                    **{
+                        "event.action": route_name.strip("/").replace("/", ".") or "root",
+                        "event.kind": "request",
+                        "event.duration": duration_ns,
+                        "event.outcome": "success" if status < 400 else "failure",
+                        "http.request.method": method,
+                        "http.response.status_code": status,
+                        "url.path": scope.get("path", "")[:200],
+                        "http.request.id": ctx.request_id,
+                    },
+                )
+            tracing.deactivate(token)
+
+    def _precheck(self, method: str, headers: dict[str, str]) -> ASGIApp | None:
+        if method not in _BODY_METHODS:
+            return None
+        length = headers.get("content-length")
+        if length is not None:
+            if not length.isdigit():
+                return _json_response(InvalidRequest("invalid Content-Length header"))
+            if int(length) > self.max_body_bytes:
+                return _json_response(
+                    PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
+                )
+        if not _is_json(headers.get("content-type", "")):
+            return _json_response(
+                UnsupportedMediaType(
+                    "request body must be JSON; send Content-Type: application/json",
+                    param="Content-Type",
+                )
+            )
+        return None
+
+
+class _TooLarge(Exception):
+    pass
+
+
+def _validation_error(exc: RequestValidationError) -> ServiceError:
+    errors = exc.errors()
+    if not errors:
+        return ValidationFailed("invalid request")
+    first = errors[0]
+    if first.get("type") in ("json_invalid", "json_type"):
+        return InvalidRequest("request body is not valid JSON", param="body")
+    loc = [str(p) for p in first.get("loc", ()) if p != "body"]
+    param = ".".join(loc) or None
+    message = first.get("msg", "invalid value")
+    if first.get("type") == "extra_forbidden":
+        message = "unknown field"
+    elif first.get("type") == "missing":
+        message = "field required"
+    more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+    return ValidationFailed(f"{param or 'body'}: {message}{more}", param=param)
+
+
+def create_service_app(
+    *,
+    name: str,
+    version: str = "0.1.0",
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+    readiness: ReadinessCheck | None = None,
+    max_body_bytes: int = 1_000_000,
+) -> FastAPI:
+    app = FastAPI(title=name, version=version, lifespan=lifespan)
+    app.state.service_name = name
+
+    @app.exception_handler(ServiceError)
+    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+        if exc.status_code >= 500:
+            log.warning(exc.message, **{"error.type": exc.error_type, "error.message": exc.message})
+        return _json_response(exc)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
+        return _json_response(_validation_error(exc))
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+        if exc.status_code == 404:
+            err: ServiceError = NotFound("no such endpoint")
+        elif exc.status_code == 405:
+            err = MethodNotAllowed("method not allowed on this endpoint")
+        else:
+            err = InvalidRequest(str(exc.detail))
+            err.status_code = exc.status_code
+        response = _json_response(err, exc.status_code)
+        if exc.headers:
+            response.headers.update(exc.headers)
+        return response
+
+    @app.get("/healthz", include_in_schema=False)
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok", "service": name}
+
+    @app.get("/readyz", include_in_schema=False)
+    async def readyz() -> JSONResponse:
+        ready, reason = await readiness() if readiness else (True, "ready")
+        body: dict[str, Any] = {"ready": ready, "service": name, "reason": reason}
+        return JSONResponse(body, status_code=200 if ready else 503)
+
+    @app.get("/metrics", include_in_schema=False)
+    async def metrics() -> Response:
+        return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+    app.add_middleware(TraceMiddleware, service=name, max_body_bytes=max_body_bytes)
+    return app
+
+
+def sse_event(event: str, data: Any) -> str:
+    return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"

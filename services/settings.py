@@ -1,0 +1,123 @@
+"""Settings for each service, read from the environment (and `.env`) by pydantic-settings.
+
+One class per service, each with its own prefix (`PLANNER_`, `ORCH_`, `VERIFIER_`).
+Timeouts carry their unit in the name.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import Field, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+PLACEHOLDER_SECRETS = {"changeme", "change-me", "secret", "password", "xxx", "todo", "test"}
+
+
+def default_cache_dir() -> Path:
+    """Where pulled models and built tool environments live: outside the repository."""
+    if explicit := os.environ.get("REASON_CACHE_DIR"):
+        return Path(explicit)
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reason"
+
+
+class CommonSettings(BaseSettings):
+    model_config = SettingsConfigDict(env_file=".env", extra="ignore")
+
+    host: str = "127.0.0.1"
+    port: int = 8000
+    log_dir: Path = Path("logs")
+    log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
+    log_format: Literal["auto", "json", "console"] = "auto"
+    max_body_bytes: int = Field(default=1_000_000, ge=1024)
+
+
+class PlannerSettings(CommonSettings):
+    model_config = SettingsConfigDict(env_prefix="PLANNER_", env_file=".env", extra="ignore")
+
+    port: int = 8001
+    backend: Literal["scripted", "llamacpp", "vllm", "openai"] = "scripted"
+    # Scripted backend only: JSON file mapping a question to the plan(s) to return.
+    script_path: Path | None = None
+    # Catalog name (see services.catalog) or a path to a model file/directory.
+    model: str = "qwen2.5-coder-0.5b-instruct"
+    model_path: Path | None = None
+    temperature: float = Field(default=0.3, ge=0, le=2)
+    top_p: float = Field(default=0.85, gt=0, le=1)
+    max_tokens: int = Field(default=512, ge=32, le=4096)
+    max_attempts: int = Field(default=3, ge=1, le=8)
+    seed: int = 0
+    n_ctx: int = Field(default=4096, ge=512)
+    n_threads: int | None = None
+    # vLLM (production: AWQ Phi-3.5-mini on one GPU)
+    quantization: str | None = "awq"
+    dtype: str = "auto"
+    max_model_len: int = Field(default=4096, ge=256, le=4096)
+    gpu_memory_utilization: float = Field(default=0.85, gt=0, le=1)
+    enable_prefix_caching: bool = True
+    enforce_eager: bool = False
+    # OpenAI-compatible endpoint
+    openai_base_url: str = "http://127.0.0.1:8100/v1"
+    openai_api_key: str = "EMPTY"
+    openai_model: str | None = None
+    openai_timeout_s: float = Field(default=60.0, gt=0)
+
+
+class VerifierSettings(CommonSettings):
+    model_config = SettingsConfigDict(env_prefix="VERIFIER_", env_file=".env", extra="ignore")
+
+    port: int = 8002
+    backend: Literal["scripted", "model"] = "scripted"
+    # Scripted backend only: JSON file mapping a statement to [verdict, confidence].
+    script_path: Path | None = None
+    # Catalog name or local directory of the base causal LM.
+    base_model: str = "smollm2-135m-instruct"
+    adapter_dir: Path | None = None
+    device: str = "cpu"
+    max_input_tokens: int = Field(default=512, ge=32)
+    threshold: float = Field(default=0.5, ge=0, le=1)
+
+
+class OrchestratorSettings(CommonSettings):
+    model_config = SettingsConfigDict(env_prefix="ORCH_", env_file=".env", extra="ignore")
+
+    port: int = 8000
+    planner_url: str = "http://127.0.0.1:8001"
+    verifier_url: str = "http://127.0.0.1:8002"
+    connect_timeout_s: float = Field(default=1.0, gt=0)
+    # Redis for the answer and tool caches; unset = an in-process TTL cache.
+    redis_url: str | None = None
+    redis_timeout_s: float = Field(default=0.25, gt=0)
+    cache_ttl_s: int = Field(default=300, ge=1)
+    cache_max_entries: int = Field(default=10_000, ge=1)
+    # PostgreSQL DSN of the read-only SQL role; unset = the shipped SQLite sample data.
+    database_url: str | None = None
+    sqlite_path: Path | None = None
+    max_replans: int = Field(default=2, ge=0, le=5)
+    # API keys -> tenant, as JSON: {"key": "tenant"}. Empty = no auth, tenant "default".
+    api_keys: dict[str, str] = Field(default_factory=dict)
+    io_tool_timeout_s: float = Field(default=0.8, gt=0)
+    python_timeout_s: float = Field(default=5.0, gt=0)
+    sandbox_workers: int = Field(default=2, ge=1, le=32)
+    sandbox_memory_mb: int = Field(default=256, ge=32)
+
+    @field_validator("api_keys", mode="before")
+    @classmethod
+    def _parse_keys(cls, value: Any) -> Any:
+        if isinstance(value, str):
+            value = value.strip()
+            return json.loads(value) if value else {}
+        return value
+
+    @model_validator(mode="after")
+    def _no_placeholder_keys(self) -> OrchestratorSettings:
+        for key in self.api_keys:
+            if key.lower() in PLACEHOLDER_SECRETS or len(key) < 16:
+                raise ValueError(
+                    "ORCH_API_KEYS holds a placeholder or short key; use at least 16 random "
+                    "characters, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(24))'`"
+                )
+        return self

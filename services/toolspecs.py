@@ -1,0 +1,62 @@
+"""The tools the orchestrator offers, as the planner sees them.
+
+This is the one place a tool's name, description and input format are written. The
+orchestrator attaches implementations, timeouts and fallbacks to these names; the
+planner builds its prompt and the JSON schema's tool enum from them (the orchestrator
+also sends them with every `/plan` request, so a planner always plans over the tools the
+orchestrator actually has).
+"""
+
+from __future__ import annotations
+
+from services.schemas import ToolSpec
+
+PYTHON = ToolSpec(
+    name="python",
+    description=(
+        "Run a short Python program in a sandbox and return the value of its last "
+        "expression (or of a variable named result). Results of earlier steps are "
+        "variables named by their step ids (s1, s2, ...). Only math, fractions, decimal, "
+        "statistics, itertools, functools, re and datetime may be imported; no files, "
+        "network or dunder attributes."
+    ),
+    input_format="Python source code; the last line is an expression giving the answer",
+    example="apples = 23 - 20\napples + 6",
+)
+
+CALC = ToolSpec(
+    name="calc",
+    description=(
+        "Evaluate one arithmetic expression exactly: + - * / // % ** ^, parentheses, "
+        "decimals, fractions and percentages (15% of 80). Earlier results can be used by "
+        "their step ids (s1 * 3)."
+    ),
+    input_format="a single arithmetic expression",
+    example="(48 / 2) + 48",
+)
+
+SQL = ToolSpec(
+    name="sql",
+    description=(
+        "Run one read-only SQL SELECT against the sample database (schema reason_data: "
+        "countries, products, orders, employees). Returns at most 200 rows as JSON."
+    ),
+    input_format="one SQL SELECT statement",
+    example="SELECT name, population FROM countries ORDER BY population DESC LIMIT 3",
+)
+
+LOOKUP = ToolSpec(
+    name="lookup",
+    description=(
+        "Look up a fact in the knowledge base (physical constants, unit conversions, "
+        "countries, planets). Answers exactly or 'not found'; never guesses."
+    ),
+    input_format="an entity and attribute, e.g. 'capital of France' or 'speed of light'",
+    example="boiling point of water",
+)
+
+DEFAULT_TOOLS: tuple[ToolSpec, ...] = (PYTHON, CALC, SQL, LOOKUP)
+
+
+def tool_names(specs: tuple[ToolSpec, ...] | list[ToolSpec] = DEFAULT_TOOLS) -> list[str]:
+    return [spec.name for spec in specs]
