@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import ast
 import math
-import operator
 import re
 from collections.abc import Callable, Mapping
 from decimal import Decimal
@@ -390,8 +389,8 @@ _BINOPS: dict[type[ast.operator], Callable[[Number, Number], Number]] = {
     ast.Pow: _power,
 }
 _UNARYOPS: dict[type[ast.unaryop], Callable[[Number], Number]] = {
-    ast.UAdd: operator.pos,
-    ast.USub: operator.neg,
+    ast.UAdd: lambda a: +a,
+    ast.USub: lambda a: -a,
 }
 _ALLOWED_NODES = (
     ast.Expression,

@@ -1,0 +1,78 @@
+"""The `calc` tool: one arithmetic expression, evaluated exactly by `services.arith`.
+
+Earlier step results are names (`s1 * 3`): numbers are used as they are, numeric text is
+parsed exactly, and a number followed by a unit (`299792458 m/s`, as the lookup tool
+answers) contributes its number. Bounded in time by the evaluator's own bounds (source
+length, node count, nesting, exponent and digit count are all checked before the work
+is done), so a call finishes in well under a millisecond and needs no thread or process.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+from orchestrator.tools.base import ToolContext, ToolError
+from services.arith import (
+    ArithError,
+    ArithLimitError,
+    Number,
+    UnknownName,
+    as_fraction,
+    evaluate,
+    format_number,
+    parse_quantity,
+)
+
+log = structlog.get_logger(__name__)
+
+SPEC: dict[str, Any] = {
+    "name": "calc",
+    "description": (
+        "Evaluate one arithmetic expression exactly: + - * / // % ** (or ^), parentheses, "
+        "decimals, fractions, percentages (15% of 80), thousands separators, and "
+        "abs, round, min, max, sqrt, floor, ceil. Earlier results are used by their step "
+        "ids (s1 * 3). Answers a number; non-terminating fractions also show the exact "
+        "fraction, e.g. 0.3333333333 (1/3)."
+    ),
+    "input_format": "a single arithmetic expression",
+    "example": "(48 / 2) + 15% of 80",
+    "timeout_s": 0.5,
+    "cache_ttl_s": 3600,
+}
+
+
+def _step_number(value: Any) -> Number | None:
+    if isinstance(value, str):
+        quantity = parse_quantity(value)
+        return None if quantity is None else quantity[0]
+    try:
+        return as_fraction(value)
+    except ArithError:
+        return None
+
+
+async def calc(input: str, ctx: ToolContext) -> str:
+    expr = input.strip()
+    names: dict[str, Number] = {}
+    unusable: dict[str, Any] = {}
+    for key, value in ctx.values.items():
+        number = _step_number(value)
+        if number is None:
+            unusable[key] = value
+        else:
+            names[key] = number
+    try:
+        result = evaluate(expr, names)
+    except UnknownName as exc:
+        if exc.name in unusable:
+            shown = str(unusable[exc.name])[:80]
+            raise ToolError(f"{exc.name} is not a number: {shown!r}") from exc
+        raise ToolError(str(exc)) from exc
+    except ArithLimitError as exc:
+        log.info("calc_limit", reason=str(exc), input_chars=len(expr))
+        raise ToolError(str(exc)) from exc
+    except ArithError as exc:
+        raise ToolError(str(exc)) from exc
+    return format_number(result)
