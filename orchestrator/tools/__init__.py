@@ -1,0 +1,48 @@
+"""Tool implementations and the registry that runs them.
+
+`build_registry` attaches implementations, timeouts, cache TTLs and fallbacks to the
+shared tool specs of `services.toolspecs`, the one place tool names are written.
+"""
+
+from __future__ import annotations
+
+from contextlib import AsyncExitStack
+
+from orchestrator.cache import Cache
+from orchestrator.tools.registry import Tool, ToolRegistry
+from services import toolspecs
+from services.settings import OrchestratorSettings
+
+
+async def build_registry(
+    settings: OrchestratorSettings, cache: Cache, stack: AsyncExitStack
+) -> ToolRegistry:
+    """Start the tools' resources (sandbox workers, SQL pool) and register every tool.
+
+    Resources are closed by `stack` when the service stops.
+    """
+    from orchestrator.sandbox import Sandbox, SandboxSettings
+    from orchestrator.tools.calc import calc
+    from orchestrator.tools.lookup import lookup
+    from orchestrator.tools.python import PythonTool
+    from orchestrator.tools.sql import SqlTool
+
+    sandbox = Sandbox(
+        SandboxSettings(workers=settings.sandbox_workers, memory_mb=settings.sandbox_memory_mb)
+    )
+    await sandbox.start()
+    stack.push_async_callback(sandbox.close)
+    sql = SqlTool(settings.database_url, settings.sqlite_path)
+    await sql.start()
+    stack.push_async_callback(sql.close)
+
+    io_timeout_s = settings.io_tool_timeout_s
+    registry = ToolRegistry(cache)
+    registry.register(
+        Tool(toolspecs.PYTHON, PythonTool(sandbox), timeout_s=settings.python_timeout_s)
+    )
+    # An arithmetic expression is also a Python program: the sandbox backs calc up.
+    registry.register(Tool(toolspecs.CALC, calc, timeout_s=1.0, fallback="python"))
+    registry.register(Tool(toolspecs.SQL, sql, timeout_s=io_timeout_s, cache_ttl_s=60))
+    registry.register(Tool(toolspecs.LOOKUP, lookup, timeout_s=io_timeout_s, cache_ttl_s=3600))
+    return registry

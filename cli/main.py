@@ -1,0 +1,317 @@
+"""The `reason` command: serve the three services, ask a question, look up a trace."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+import typer
+from rich.console import Console
+from rich.table import Table
+from rich.tree import Tree
+
+from services.trace_es import flatten_ecs
+
+app = typer.Typer(
+    help="Reasoning pipeline: planner, orchestrator and verifier.", no_args_is_help=True
+)
+console = Console()
+err = Console(stderr=True)
+
+SERVICES = (("planner", 8001), ("verifier", 8002), ("orchestrator", 8000))
+
+
+def _mount_optional() -> None:
+    try:
+        from cli.models import models_app
+    except ImportError:  # pragma: no cover - present in every full checkout
+        return
+    app.add_typer(models_app, name="models", help="Pull and list the model catalog.")
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def service_command(name: str, host: str, port: int) -> list[str]:
+    return [
+        sys.executable,
+        "-m",
+        "uvicorn",
+        f"{name}.app:app",
+        "--host",
+        host,
+        "--port",
+        str(port),
+        "--no-access-log",
+        "--timeout-graceful-shutdown",
+        "5",
+    ]
+
+
+def start_services(
+    host: str, log_dir: Path, env: dict[str, str] | None = None, ports: dict[str, int] | None = None
+) -> dict[str, subprocess.Popen[bytes]]:
+    """Start the three services as child processes, wired to each other."""
+    ports = ports or {name: port for name, port in SERVICES}
+    child_env = {**os.environ, **(env or {})}
+    for prefix in ("PLANNER", "VERIFIER", "ORCH"):
+        child_env.setdefault(f"{prefix}_LOG_DIR", str(log_dir))
+    child_env.setdefault("ORCH_PLANNER_URL", f"http://{host}:{ports['planner']}")
+    child_env.setdefault("ORCH_VERIFIER_URL", f"http://{host}:{ports['verifier']}")
+    procs = {}
+    for name, _ in SERVICES:
+        procs[name] = subprocess.Popen(service_command(name, host, ports[name]), env=child_env)
+    return procs
+
+
+def wait_ready(
+    urls: dict[str, str], timeout_s: float, procs: dict[str, subprocess.Popen[bytes]] | None = None
+) -> dict[str, bool]:
+    deadline = time.monotonic() + timeout_s
+    ready = dict.fromkeys(urls, False)
+    with httpx.Client(timeout=2.0) as client:
+        while time.monotonic() < deadline and not all(ready.values()):
+            for name, url in urls.items():
+                if ready[name]:
+                    continue
+                if procs and procs[name].poll() is not None:
+                    raise RuntimeError(f"{name} exited with code {procs[name].returncode}")
+                try:
+                    ready[name] = client.get(f"{url}/readyz").status_code == 200
+                except httpx.HTTPError:
+                    pass
+            time.sleep(0.2)
+    return ready
+
+
+def stop_services(procs: dict[str, subprocess.Popen[bytes]], grace_s: float = 10.0) -> None:
+    for proc in procs.values():
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+    deadline = time.monotonic() + grace_s
+    for proc in procs.values():
+        try:
+            proc.wait(timeout=max(deadline - time.monotonic(), 0.1))
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+@app.command()
+def serve(
+    host: str = typer.Option("127.0.0.1", help="Interface to listen on."),
+    log_dir: Path = typer.Option(Path("logs"), help="Where the services write their logs."),
+    ready_timeout_s: float = typer.Option(600.0, help="How long to wait for readiness."),
+) -> None:
+    """Start planner (:8001), verifier (:8002) and orchestrator (:8000); Ctrl-C stops all."""
+    log_dir.mkdir(parents=True, exist_ok=True)
+    procs = start_services(host, log_dir)
+    stopping = False
+
+    def _terminate(*_: Any) -> None:
+        raise KeyboardInterrupt
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        urls = {name: f"http://{host}:{port}" for name, port in SERVICES}
+        ready = wait_ready(urls, ready_timeout_s, procs)
+        for name, ok in ready.items():
+            console.print(f"{name:<13} {urls[name]}  {'[green]ready' if ok else '[red]not ready'}")
+        console.print(f"POST http://{host}:8000/reason   logs in {log_dir}/   Ctrl-C stops")
+        while all(p.poll() is None for p in procs.values()):
+            time.sleep(0.5)
+        dead = [n for n, p in procs.items() if p.poll() is not None]
+        err.print(f"[red]{', '.join(dead)} exited; stopping the others")
+        raise typer.Exit(1)
+    except KeyboardInterrupt:
+        stopping = True
+    except RuntimeError as exc:
+        err.print(f"[red]{exc}")
+        raise typer.Exit(1) from None
+    finally:
+        stop_services(procs)
+        if stopping:
+            console.print("stopped")
+
+
+# --------------------------------------------------------------------------- ask
+
+
+@app.command()
+def ask(
+    question: str = typer.Argument(..., help="The question to answer."),
+    url: str = typer.Option("http://127.0.0.1:8000", envvar="REASON_URL"),
+    api_key: str | None = typer.Option(None, envvar="REASON_API_KEY"),
+    n_plans: int = typer.Option(1, min=1, max=8),
+    verify: bool = typer.Option(True, "--verify/--no-verify"),
+    cache: bool = typer.Option(True, "--cache/--no-cache"),
+    deadline_s: float = typer.Option(30.0, min=0.1, max=120.0),
+    as_json: bool = typer.Option(False, "--json", help="Print the raw response."),
+) -> None:
+    """Ask a running orchestrator and print the answer with its steps."""
+    body = {
+        "question": question,
+        "options": {
+            "n_plans": n_plans,
+            "verify": verify,
+            "use_cache": cache,
+            "deadline_s": deadline_s,
+        },
+    }
+    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    try:
+        r = httpx.post(f"{url}/reason", json=body, headers=headers, timeout=deadline_s + 10)
+    except httpx.HTTPError as exc:
+        err.print(f"[red]cannot reach the orchestrator at {url}: {type(exc).__name__}")
+        raise typer.Exit(2) from None
+    data = r.json()
+    if as_json:
+        console.print_json(data=data)
+        raise typer.Exit(0 if r.status_code == 200 else 1)
+    if r.status_code != 200:
+        e = data.get("error", {})
+        err.print(
+            f"[red]{r.status_code} {e.get('type')}: {e.get('message')}  "
+            f"(trace {data.get('trace_id')})"
+        )
+        raise typer.Exit(1)
+    print_answer(data)
+
+
+def print_answer(data: dict[str, Any]) -> None:
+    colour = {"verified": "green", "rejected": "red"}.get(data["verdict"], "yellow")
+    console.print(
+        f"[bold]{data.get('answer')}[/bold]  [{colour}]{data['verdict']}[/{colour}] "
+        f"confidence {data['confidence']:.2f}" + ("  (cached)" if data.get("cached") else "")
+    )
+    if data.get("plan"):
+        console.print(f"[dim]plan: {data['plan']['reasoning']}")
+    table = Table("step", "tool", "status", "source", "input", "output / error", "ms")
+    for s in data.get("steps", []):
+        style = "green" if s["status"] == "ok" else "yellow" if s["status"] == "fallback" else "red"
+        table.add_row(
+            s["id"],
+            s["tool"],
+            f"[{style}]{s['status']}",
+            s.get("source", ""),
+            _clip(s["input"]),
+            _clip(s.get("output") or s.get("error") or ""),
+            f"{s.get('latency_ms', 0):.1f}",
+        )
+    console.print(table)
+    t = data.get("timings_ms", {})
+    console.print(
+        f"[dim]trace {data['trace_id']}  plan {t.get('plan', 0):.0f} ms  "
+        f"execute {t.get('execute', 0):.0f} ms  verify {t.get('verify', 0):.0f} ms  "
+        f"total {t.get('total', 0):.0f} ms"
+    )
+
+
+def _clip(text: str, n: int = 60) -> str:
+    text = " ".join(str(text).split())
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+# --------------------------------------------------------------------------- trace
+
+
+def read_trace(log_dir: Path, trace_id: str) -> list[dict[str, Any]]:
+    """Every log line of one trace from the services' log files, ordered by time."""
+    lines: list[dict[str, Any]] = []
+    needle = trace_id.encode()
+    for path in sorted(log_dir.glob("*.jsonl")):
+        with path.open("rb") as f:
+            for raw in f:
+                if needle not in raw:
+                    continue
+                try:
+                    doc = flatten_ecs(json.loads(raw))
+                except (ValueError, TypeError):
+                    continue
+                if doc.get("trace.id") == trace_id:
+                    lines.append(doc)
+    lines.sort(key=lambda d: str(d.get("@timestamp", "")))
+    return lines
+
+
+def trace_tree(trace_id: str, lines: list[dict[str, Any]]) -> Tree:
+    root = Tree(f"[bold]trace {trace_id}[/bold]  ({len(lines)} lines)")
+    spans: dict[str, list[dict[str, Any]]] = {}
+    parents: dict[str, str | None] = {}
+    for doc in lines:
+        sid = str(doc.get("span.id", "-"))
+        spans.setdefault(sid, []).append(doc)
+        parents.setdefault(sid, doc.get("parent.id"))
+    nodes: dict[str, Tree] = {}
+
+    def node_for(sid: str) -> Tree:
+        if sid in nodes:
+            return nodes[sid]
+        first = spans[sid][0]
+        parent = parents.get(sid)
+        holder = node_for(parent) if parent in spans and parent != sid else root
+        nodes[sid] = holder.add(f"[cyan]{first.get('service.name', '?')}[/cyan] span {sid}")
+        return nodes[sid]
+
+    for sid in spans:  # spans are met in time order, so parents come first
+        branch = node_for(sid)
+        for doc in spans[sid]:
+            level = doc.get("log.level", "info")
+            colour = {"error": "red", "warning": "yellow"}.get(level, "white")
+            dur = doc.get("event.duration")
+            extra = f"  {int(dur) / 1e6:.1f} ms" if isinstance(dur, int | float) else ""
+            err_msg = f"  [red]{doc['error.message']}[/red]" if doc.get("error.message") else ""
+            branch.add(
+                f"{doc.get('@timestamp', '')}  [{colour}]{level:<7}[/{colour}] "
+                f"{doc.get('message', '')}{extra}{err_msg}"
+            )
+    return root
+
+
+@app.command()
+def trace(
+    trace_id: str = typer.Argument(..., help="32 hex characters, as in X-Trace-Id."),
+    log_dir: Path = typer.Option(Path("logs"), help="Directory of the services' *.jsonl logs."),
+    es: str | None = typer.Option(None, "--es", help="Elasticsearch URL to read instead."),
+    es_index: str = typer.Option("reason-logs-*", help="Index pattern in Elasticsearch."),
+    as_json: bool = typer.Option(False, "--json", help="Print the lines as JSON."),
+) -> None:
+    """Print every log line of one request from all three services, as a tree."""
+    trace_id = trace_id.strip().lower()
+    if not _is_trace_id(trace_id):
+        err.print("[red]a trace id is 32 hexadecimal characters")
+        raise typer.Exit(2)
+    if es:
+        from services.trace_es import TraceLookupError, fetch_trace_lines
+
+        try:
+            docs = asyncio.run(fetch_trace_lines(es, trace_id, index=es_index))
+        except TraceLookupError as exc:
+            err.print(f"[red]{exc}")
+            raise typer.Exit(1) from None
+        lines = sorted((flatten_ecs(d) for d in docs), key=lambda d: str(d.get("@timestamp", "")))
+    else:
+        lines = read_trace(log_dir, trace_id)
+    if not lines:
+        err.print(f"no log lines for trace {trace_id}")
+        raise typer.Exit(1)
+    if as_json:
+        for doc in lines:
+            print(json.dumps(doc))
+        return
+    console.print(trace_tree(trace_id, lines))
+
+
+def _is_trace_id(value: str) -> bool:
+    return len(value) == 32 and all(c in "0123456789abcdef" for c in value)
+
+
+_mount_optional()

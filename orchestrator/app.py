@@ -1,0 +1,190 @@
+"""Orchestrator service: `POST /reason` (JSON or server-sent events) and `POST /tools/{name}/run`."""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+from collections.abc import AsyncIterator
+from contextlib import AsyncExitStack, asynccontextmanager
+from typing import Any
+
+import httpx
+import structlog
+from fastapi import Depends, FastAPI, Request
+from fastapi.responses import JSONResponse, StreamingResponse
+
+from orchestrator.cache import create_cache
+from orchestrator.service import ReasonService
+from orchestrator.tools import build_registry
+from orchestrator.tools.base import ToolContext
+from services import tracing
+from services.app import create_service_app, sse_event
+from services.errors import NotFound, ServiceError, Unauthorized, error_body
+from services.http import ServiceClient
+from services.logging import configure_logging
+from services.schemas import ReasonRequest, ReasonResponse, ToolRunRequest, ToolRunResult
+from services.settings import OrchestratorSettings
+
+log = structlog.get_logger("orchestrator")
+
+
+def create_app(settings: OrchestratorSettings | None = None) -> FastAPI:
+    settings = settings or OrchestratorSettings()
+    configure_logging(
+        "orchestrator", log_dir=settings.log_dir, level=settings.log_level, fmt=settings.log_format
+    )
+    state: dict[str, Any] = {}
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        async with AsyncExitStack() as stack:
+            cache = create_cache(
+                settings.redis_url,
+                timeout_s=settings.redis_timeout_s,
+                max_entries=settings.cache_max_entries,
+            )
+            stack.push_async_callback(cache.close)
+            registry = await build_registry(settings, cache, stack)
+            planner = ServiceClient(
+                "planner", settings.planner_url, connect_timeout_s=settings.connect_timeout_s
+            )
+            verifier = ServiceClient(
+                "verifier", settings.verifier_url, connect_timeout_s=settings.connect_timeout_s
+            )
+            stack.push_async_callback(planner.close)
+            stack.push_async_callback(verifier.close)
+            app.state.reason = ReasonService(
+                planner=planner,
+                verifier=verifier,
+                registry=registry,
+                cache=cache,
+                cache_ttl_s=settings.cache_ttl_s,
+                max_replans=settings.max_replans,
+            )
+            state.update(registry=registry, cache=cache)
+            yield
+
+    async def readiness() -> tuple[bool, str]:
+        if "registry" not in state:
+            return False, "starting"
+        try:
+            async with httpx.AsyncClient(timeout=1.0) as client:
+                r = await client.get(f"{settings.planner_url}/readyz")
+            planner_ok = r.status_code == 200
+        except httpx.HTTPError:
+            planner_ok = False
+        cache_ok = await state["cache"].ping()
+        reason = (
+            f"planner {'ready' if planner_ok else 'unreachable'}; "
+            f"cache {state['cache'].kind} {'ok' if cache_ok else 'down (serving without)'}"
+        )
+        return planner_ok, reason
+
+    app = create_service_app(
+        name="orchestrator",
+        lifespan=lifespan,
+        readiness=readiness,
+        max_body_bytes=settings.max_body_bytes,
+    )
+
+    def tenant_of(request: Request) -> str:
+        if not settings.api_keys:
+            return "default"
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() == "bearer" and token:
+            for key, tenant in settings.api_keys.items():
+                if hmac.compare_digest(key.encode(), token.strip().encode()):
+                    return tenant
+        raise Unauthorized("missing or invalid API key; send Authorization: Bearer <key>")
+
+    @app.post("/reason", response_model=ReasonResponse, response_model_exclude_none=True)
+    async def reason(
+        body: ReasonRequest, request: Request, tenant: str = Depends(tenant_of)
+    ) -> Any:
+        service: ReasonService = request.app.state.reason
+        if "text/event-stream" in request.headers.get("accept", ""):
+            return StreamingResponse(
+                _stream(service, body, tenant),
+                media_type="text/event-stream",
+                headers={"Cache-Control": "no-cache"},
+            )
+        return await _cancel_on_disconnect(request, service.reason(body, tenant=tenant))
+
+    @app.post("/tools/{name}/run", response_model=ToolRunResult, response_model_exclude_none=True)
+    async def run_tool(
+        name: str, body: ToolRunRequest, request: Request, tenant: str = Depends(tenant_of)
+    ) -> ToolRunResult:
+        registry = request.app.state.reason.registry
+        tool = registry.get(name)
+        if tool is None:
+            raise NotFound(
+                f"no tool named {name[:64]!r}; tools: {', '.join(registry.names)}", param="name"
+            )
+        timeout_s = min(body.timeout_s or tool.timeout_s, 60.0)
+        ctx = ToolContext(trace_id=tracing.current_trace_id(), tenant=tenant, timeout_s=timeout_s)
+        outcome = await registry.run(name, body.input, ctx)
+        return outcome.result
+
+    return app
+
+
+async def _cancel_on_disconnect(request: Request, work: Any) -> Any:
+    """Run the request's work; if the client goes away first, cancel it."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        log.info("client disconnected, work cancelled", **{"event.action": "reason.cancelled"})
+        return JSONResponse(
+            {"error": {"type": "client_closed", "message": "client closed"}}, status_code=499
+        )
+    return task.result()
+
+
+async def _stream(service: ReasonService, body: ReasonRequest, tenant: str) -> AsyncIterator[str]:
+    queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
+
+    async def on_step(step: Any) -> None:
+        await queue.put(("step", step.model_dump(exclude_none=True)))
+
+    async def work() -> None:
+        try:
+            result = await service.reason(body, tenant=tenant, on_step=on_step)
+            await queue.put(("result", result.model_dump(exclude_none=True)))
+        except ServiceError as exc:
+            await queue.put(("error", error_body(exc, tracing.current_trace_id())))
+        except Exception:
+            log.exception("stream failed")
+            await queue.put(
+                ("error", error_body(ServiceError("internal error"), tracing.current_trace_id()))
+            )
+
+    task = asyncio.create_task(work())
+    try:
+        while True:
+            event, data = await queue.get()
+            yield sse_event(event, data)
+            if event in ("result", "error"):
+                break
+    finally:
+        if not task.done():
+            task.cancel()
+
+
+def __getattr__(name: str) -> FastAPI:
+    # `uvicorn orchestrator.app:app` builds the app from the environment on first access.
+    if name == "app":
+        return create_app()
+    raise AttributeError(name)

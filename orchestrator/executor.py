@@ -1,0 +1,132 @@
+"""Runs a plan as a DAG of tool calls.
+
+Every step is a task in one `asyncio.TaskGroup`; a step awaits the futures of the steps
+it depends on, so it starts the moment they are done (nothing polls). A step's failure
+is recorded on the step and its dependents are marked `skipped`; the deadline cancels
+whatever is still running and those steps are recorded as `timeout` or `skipped`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.tools.base import ToolContext
+from orchestrator.tools.registry import ToolRegistry, render_value
+from services.plans import check_plan
+from services.schemas import Plan, StepResult
+
+StepCallback = Callable[[StepResult], Awaitable[None] | None]
+
+_SUCCESS = ("ok", "fallback")
+
+
+@dataclass
+class Execution:
+    plan: Plan
+    steps: list[StepResult]
+    values: dict[str, Any] = field(default_factory=dict)
+    elapsed_ms: float = 0.0
+
+    @property
+    def answer_value(self) -> Any:
+        return self.values.get(self.plan.answer_step)
+
+    @property
+    def answer(self) -> str | None:
+        step = next(s for s in self.steps if s.id == self.plan.answer_step)
+        if step.status not in _SUCCESS or self.plan.answer_step not in self.values:
+            return None
+        return render_value(self.values[self.plan.answer_step])
+
+    @property
+    def complete(self) -> bool:
+        return all(s.status in _SUCCESS for s in self.steps)
+
+
+class PlanExecutor:
+    def __init__(self, registry: ToolRegistry) -> None:
+        self.registry = registry
+
+    async def run(
+        self,
+        plan: Plan,
+        *,
+        deadline: float,
+        trace_id: str = "",
+        tenant: str = "default",
+        on_step: StepCallback | None = None,
+    ) -> Execution:
+        """Execute `plan` until done or until the monotonic `deadline` (loop time)."""
+        check_plan(plan, self.registry.names)
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        by_id = {s.id: s for s in plan.steps}
+        done: dict[str, asyncio.Future[bool]] = {s.id: loop.create_future() for s in plan.steps}
+        results: dict[str, StepResult] = {}
+        values: dict[str, Any] = {}
+        running: set[str] = set()
+
+        async def record(result: StepResult) -> None:
+            results[result.id] = result
+            if on_step is not None:
+                maybe = on_step(result)
+                if maybe is not None:
+                    await maybe
+
+        async def run_step(step_id: str) -> None:
+            step = by_id[step_id]
+            try:
+                deps_ok = [await done[d] for d in step.depends_on]
+                if not all(deps_ok):
+                    failed = [d for d, ok in zip(step.depends_on, deps_ok, strict=True) if not ok]
+                    await record(_skipped(step, f"dependency {', '.join(failed)} did not succeed"))
+                    done[step_id].set_result(False)
+                    return
+                running.add(step_id)
+                ctx = ToolContext(
+                    trace_id=trace_id,
+                    tenant=tenant,
+                    values={d: values[d] for d in step.depends_on},
+                    timeout_s=max(deadline - loop.time(), 0.001),
+                )
+                outcome = await self.registry.run(step.tool, step.input, ctx)
+                running.discard(step_id)
+                ok = outcome.result.status in _SUCCESS
+                if ok:
+                    values[step_id] = outcome.value
+                await record(StepResult(id=step_id, **outcome.result.model_dump()))
+                done[step_id].set_result(ok)
+            except asyncio.CancelledError:
+                if not done[step_id].done():
+                    done[step_id].cancel()
+                raise
+
+        try:
+            async with asyncio.timeout_at(deadline), asyncio.TaskGroup() as group:
+                for step in plan.steps:
+                    group.create_task(run_step(step.id), name=f"step-{step.id}")
+        except TimeoutError:
+            pass
+        for step in plan.steps:  # whatever the deadline cut short
+            if step.id not in results:
+                if step.id in running:
+                    result = StepResult(
+                        id=step.id,
+                        tool=step.tool,
+                        input=step.input,
+                        status="timeout",
+                        error="request deadline reached before the step finished",
+                    )
+                else:
+                    result = _skipped(step, "request deadline reached before the step started")
+                await record(result)
+        ordered = [results[s.id] for s in plan.steps]
+        return Execution(plan, ordered, values, (time.perf_counter() - started) * 1000)
+
+
+def _skipped(step: Any, reason: str) -> StepResult:
+    return StepResult(id=step.id, tool=step.tool, input=step.input, status="skipped", error=reason)

@@ -1,0 +1,353 @@
+"""`/reason`: plan, execute, verify, replan on rejection, vote across plans, cache.
+
+Every outside call gets what is left of the request's deadline as its timeout. The
+planner being down is an error (there is nothing to run); the verifier being down or
+slow only makes the answer `unverified`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Any
+
+import structlog
+from prometheus_client import Counter, Histogram
+
+from orchestrator.cache import Cache, cache_get, make_key, normalize_text
+from orchestrator.executor import Execution, PlanExecutor
+from orchestrator.tools.registry import ToolRegistry
+from services import tracing
+from services.errors import DeadlineExceeded, DependencyUnavailable, PlanningFailed, ServiceError
+from services.http import ServiceClient
+from services.plans import check_plan
+from services.schemas import (
+    Agreement,
+    Plan,
+    PlanResponse,
+    ReasonRequest,
+    ReasonResponse,
+    StepResult,
+    Timings,
+    Verdict,
+)
+
+log = structlog.get_logger("orchestrator")
+
+REQUESTS = Counter("reason_requests_total", "/reason requests", ["verdict", "cached"])
+STAGE_LATENCY = Histogram(
+    "reason_stage_duration_seconds",
+    "Latency of each /reason stage",
+    ["stage"],
+    buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
+)
+REPLANS = Counter("reason_replans_total", "Replanning rounds after a rejected answer")
+
+UNVERIFIED_CONFIDENCE = 0.5
+VERIFY_MIN_BUDGET_S = 0.05
+PLAN_MIN_BUDGET_S = 0.05
+
+StepCallback = Callable[[StepResult], Awaitable[None] | None]
+
+
+@dataclass
+class Attempt:
+    execution: Execution
+    verdict: Verdict = "unverified"
+    confidence: float = UNVERIFIED_CONFIDENCE
+
+    @property
+    def answer(self) -> str | None:
+        return self.execution.answer
+
+
+def answer_key(answer: str | None) -> str | None:
+    """Answers that mean the same number vote together ('72', '72.0', '72.00')."""
+    if answer is None:
+        return None
+    text = answer.strip().strip('"').replace(",", "").rstrip(".")
+    try:
+        return str(Fraction(text))
+    except (ValueError, ZeroDivisionError):
+        return normalize_text(text)
+
+
+class ReasonService:
+    def __init__(
+        self,
+        *,
+        planner: ServiceClient,
+        verifier: ServiceClient,
+        registry: ToolRegistry,
+        cache: Cache,
+        cache_ttl_s: int = 300,
+        max_replans: int = 2,
+    ) -> None:
+        self.planner = planner
+        self.verifier = verifier
+        self.registry = registry
+        self.executor = PlanExecutor(registry)
+        self.cache = cache
+        self.cache_ttl_s = cache_ttl_s
+        self.max_replans = max_replans
+
+    def _answer_cache_key(self, request: ReasonRequest, tenant: str) -> str:
+        o = request.options
+        return make_key("answer", tenant, normalize_text(request.question), o.n_plans, o.verify)
+
+    async def reason(
+        self,
+        request: ReasonRequest,
+        *,
+        tenant: str = "default",
+        on_step: StepCallback | None = None,
+    ) -> ReasonResponse:
+        loop = asyncio.get_running_loop()
+        started = loop.time()
+        deadline = started + request.options.deadline_s
+        trace_id = tracing.current_trace_id()
+        key = self._answer_cache_key(request, tenant)
+
+        if request.options.use_cache:
+            hit = await cache_get(self.cache, key, "answer")
+            if hit is not None:
+                response = ReasonResponse.model_validate_json(hit)
+                response.cached_trace_id = response.cached_trace_id or response.trace_id
+                response.trace_id = trace_id
+                response.cached = True
+                response.timings_ms = Timings(total=round((loop.time() - started) * 1000, 3))
+                REQUESTS.labels(response.verdict, "true").inc()
+                log.info(
+                    "answer served from cache",
+                    **{
+                        "event.action": "reason.cache_hit",
+                        "labels.cached_trace_id": response.cached_trace_id,
+                    },
+                )
+                return response
+
+        timings = {"plan": 0.0, "execute": 0.0, "verify": 0.0}
+        best: Attempt | None = None
+        best_plans: list[Attempt] = []
+        agreeing = 0
+        feedback: str | None = None
+        rounds = 0
+        for round_no in range(self.max_replans + 1):
+            remaining = deadline - loop.time()
+            if round_no > 0 and remaining < 2 * max(
+                (timings["plan"] + timings["execute"] + timings["verify"]) / round_no / 1000, 0.05
+            ):
+                log.info("no time left for another round", **{"event.action": "reason.replan_skip"})
+                break
+            rounds = round_no + 1
+            if round_no > 0:
+                REPLANS.inc()
+            t0 = loop.time()
+            try:
+                plans = await self._plan(request, deadline, feedback)
+            except (DependencyUnavailable, DeadlineExceeded, PlanningFailed):
+                if best is not None:  # keep the answer we have; the replan just failed
+                    break
+                raise
+            finally:
+                timings["plan"] += (loop.time() - t0) * 1000
+            t0 = loop.time()
+            executions = await self._execute_all(plans, deadline, trace_id, tenant, on_step)
+            timings["execute"] += (loop.time() - t0) * 1000
+            t0 = loop.time()
+            attempts = await self._verify_all(request, executions, deadline)
+            timings["verify"] += (loop.time() - t0) * 1000
+            best, agreeing = vote(attempts)
+            best_plans = attempts
+            if best.verdict != "rejected":
+                break
+            feedback = describe_failure(best)
+        assert best is not None
+        total_ms = (loop.time() - started) * 1000
+        for stage, ms in timings.items():
+            STAGE_LATENCY.labels(stage).observe(ms / 1000)
+        STAGE_LATENCY.labels("total").observe(total_ms / 1000)
+        response = ReasonResponse(
+            trace_id=trace_id,
+            answer=best.answer,
+            verdict=best.verdict,
+            confidence=round(best.confidence, 6),
+            plan=best.execution.plan,
+            steps=best.execution.steps,
+            cached=False,
+            agreement=Agreement(plans=len(best_plans), agreeing=agreeing, rounds=rounds)
+            if (request.options.n_plans > 1 or rounds > 1)
+            else None,
+            timings_ms=Timings(
+                plan=round(timings["plan"], 3),
+                execute=round(timings["execute"], 3),
+                verify=round(timings["verify"], 3),
+                total=round(total_ms, 3),
+            ),
+        )
+        REQUESTS.labels(response.verdict, "false").inc()
+        if (
+            request.options.use_cache
+            and response.answer is not None
+            and best.execution.complete
+            and response.verdict != "rejected"
+        ):
+            await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
+        return response
+
+    async def _plan(
+        self, request: ReasonRequest, deadline: float, feedback: str | None
+    ) -> list[Plan]:
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining < PLAN_MIN_BUDGET_S:
+            raise DeadlineExceeded("the request deadline passed before a plan could be made")
+        body: dict[str, Any] = {
+            "question": request.question,
+            "n": request.options.n_plans,
+            "tools": [spec.model_dump() for spec in self.registry.specs()],
+        }
+        if feedback:
+            body["feedback"] = feedback[:16000]
+        data = await self.planner.post_json("/plan", body, timeout_s=remaining)
+        try:
+            response = PlanResponse.model_validate(data)
+        except ValueError:
+            raise DependencyUnavailable("planner answered with a malformed plan response") from None
+        plans = []
+        for plan in response.plans:  # the planner's output is model output: check it again
+            try:
+                check_plan(plan, self.registry.names)
+            except ServiceError as exc:
+                log.warning("planner returned an invalid plan", **{"error.message": exc.message})
+                continue
+            plans.append(plan)
+        if not plans:
+            raise PlanningFailed("the planner returned no plan that passes validation")
+        return plans
+
+    async def _execute_all(
+        self,
+        plans: list[Plan],
+        deadline: float,
+        trace_id: str,
+        tenant: str,
+        on_step: StepCallback | None,
+    ) -> list[Execution]:
+        async with asyncio.TaskGroup() as group:
+            tasks = [
+                group.create_task(
+                    self.executor.run(
+                        plan, deadline=deadline, trace_id=trace_id, tenant=tenant, on_step=on_step
+                    )
+                )
+                for plan in plans
+            ]
+        return [t.result() for t in tasks]
+
+    async def _verify_all(
+        self, request: ReasonRequest, executions: list[Execution], deadline: float
+    ) -> list[Attempt]:
+        attempts = [Attempt(e) for e in executions]
+        if not request.options.verify:
+            return attempts
+        # Ask once per distinct answer (the plans that produced it share the verdict).
+        distinct: dict[str, Attempt] = {}
+        for attempt in attempts:
+            k = answer_key(attempt.answer)
+            if k is not None and k not in distinct:
+                distinct[k] = attempt
+        for attempt in attempts:
+            if attempt.answer is None:
+                attempt.verdict, attempt.confidence = "rejected", 0.0
+        if not distinct:
+            return attempts
+        remaining = deadline - asyncio.get_running_loop().time()
+        if remaining < VERIFY_MIN_BUDGET_S:
+            log.warning("no time left to verify", **{"event.action": "reason.verify_skip"})
+            return attempts
+        items = [claim(request.question, a.execution) for a in distinct.values()]
+        try:
+            if len(items) == 1:
+                results = [await self.verifier.post_json("/verify", items[0], timeout_s=remaining)]
+            else:
+                data = await self.verifier.post_json(
+                    "/verify/batch", {"items": items}, timeout_s=remaining
+                )
+                results = data["results"]
+            verdicts = {
+                k: (bool(r["verdict"]), float(r["confidence"]))
+                for k, r in zip(distinct, results, strict=True)
+            }
+        except (ServiceError, KeyError, TypeError, ValueError) as exc:
+            log.warning(
+                "verifier unavailable, answer left unverified",
+                **{
+                    "event.action": "reason.verify",
+                    "error.type": type(exc).__name__,
+                    "error.message": str(exc)[:300],
+                },
+            )
+            return attempts
+        for attempt in attempts:
+            k = answer_key(attempt.answer)
+            if k in verdicts:
+                ok, confidence = verdicts[k]
+                attempt.verdict = "verified" if ok else "rejected"
+                attempt.confidence = min(max(confidence, 0.0), 1.0)
+        return attempts
+
+
+def claim(question: str, execution: Execution) -> dict[str, str]:
+    """The claim the verifier is asked about: the answer, with the work shown as context."""
+    lines = []
+    for step in execution.steps:
+        lines.append(
+            f"{step.id} [{step.tool}] {step.input!r} -> {step.output!r}"
+            if step.status in ("ok", "fallback")
+            else f"{step.id} [{step.tool}] {step.input!r} -> {step.status}"
+        )
+    context = f"Plan: {execution.plan.reasoning}\nSteps:\n" + "\n".join(lines)
+    return {
+        "question": question[:4000],
+        "statement": f"The answer is {execution.answer}.",
+        "context": context[:16000],
+    }
+
+
+def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
+    """Pick the answer with the largest total verifier confidence; report how many agree."""
+    weights: dict[str, float] = {}
+    counts: dict[str, int] = {}
+    for a in attempts:
+        k = answer_key(a.answer)
+        if k is None:
+            continue
+        weights[k] = weights.get(k, 0.0) + a.confidence
+        counts[k] = counts.get(k, 0) + 1
+    if not weights:
+        return max(attempts, key=lambda a: sum(s.status == "ok" for s in a.execution.steps)), 0
+    winner = max(weights, key=lambda k: (weights[k], counts[k]))
+    members = [a for a in attempts if answer_key(a.answer) == winner]
+    return max(members, key=lambda a: a.confidence), counts[winner]
+
+
+def describe_failure(attempt: Attempt) -> str:
+    steps = [
+        {
+            "id": s.id,
+            "tool": s.tool,
+            "input": s.input[:500],
+            "status": s.status,
+            "output": (s.output or "")[:300],
+            "error": (s.error or "")[:300],
+        }
+        for s in attempt.execution.steps
+    ]
+    return (
+        "The verifier rejected the answer "
+        f"{attempt.answer!r} (confidence it is right: {attempt.confidence:.2f}). "
+        f"The failed plan and its step results were: {json.dumps(steps)}"
+    )

@@ -1,0 +1,26 @@
+"""The `python` tool: model-written code run in the sandbox, earlier results as values."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from orchestrator.sandbox import Sandbox
+from orchestrator.tools.base import ToolContext, ToolError
+
+
+class PythonTool:
+    def __init__(self, sandbox: Sandbox) -> None:
+        self.sandbox = sandbox
+
+    async def __call__(self, code: str, ctx: ToolContext) -> Any:
+        result = await self.sandbox.run(code, ctx.values, ctx.timeout_s)
+        if result.status == "ok":
+            if result.result is None and result.stdout:
+                return result.stdout.strip()
+            return result.result
+        if result.status == "timeout":
+            raise TimeoutError(result.error or "python step timed out")
+        if result.status == "refused":
+            # The sandbox has already logged the SECURITY_ALERT with its category.
+            raise ToolError(f"refused: {result.error}")
+        raise ToolError(result.error or "python step failed")

@@ -1,0 +1,75 @@
+"""Shared fixtures: free ports, and the three services started the way `reason serve` does."""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from cli.main import start_services, stop_services, wait_ready
+
+REPO = Path(__file__).resolve().parents[1]
+DATASETS = REPO.parent / "shared" / "datasets"
+POSTGRES_DSN = os.environ.get("TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class Stack:
+    """Planner, verifier and orchestrator as real processes on free ports."""
+
+    log_dir: Path
+    ports: dict[str, int]
+    env: dict[str, str] = field(default_factory=dict)
+    procs: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
+
+    def url(self, name: str) -> str:
+        return f"http://127.0.0.1:{self.ports[name]}"
+
+    def start(self, timeout_s: float = 60.0) -> Stack:
+        self.procs = start_services("127.0.0.1", self.log_dir, self.env, self.ports)
+        ready = wait_ready({n: self.url(n) for n in self.ports}, timeout_s, self.procs)
+        if not all(ready.values()):
+            self.stop()
+            raise RuntimeError(f"services not ready: {ready}")
+        return self
+
+    def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        proc.terminate()
+        proc.wait(timeout=10)
+
+    def stop(self) -> None:
+        stop_services(self.procs)
+
+
+def make_stack(tmp: Path, **env: str) -> Stack:
+    ports = {"planner": free_port(), "verifier": free_port(), "orchestrator": free_port()}
+    base = {
+        "ORCH_REDIS_URL": "",
+        "ORCH_DATABASE_URL": "",
+        "PLANNER_BACKEND": "scripted",
+        "VERIFIER_BACKEND": "scripted",
+        "PLANNER_LOG_FORMAT": "json",
+        "VERIFIER_LOG_FORMAT": "json",
+        "ORCH_LOG_FORMAT": "json",
+    }
+    return Stack(tmp, ports, {**base, **env})
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    s = make_stack(tmp_path_factory.mktemp("logs")).start()
+    yield s
+    s.stop()
