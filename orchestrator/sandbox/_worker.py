@@ -36,6 +36,7 @@ import struct
 import sys
 import tempfile
 import time
+import types
 
 CONFIG = json.loads(sys.argv[1])
 NOBODY = 65534
@@ -218,10 +219,26 @@ _SAFE_BUILTIN_NAMES = (
 ).split()
 
 
+def _module_view(module: types.ModuleType) -> types.ModuleType:
+    """A copy of an allowed module without private names and without other modules.
+
+    `fractions.sys`, `statistics.random`, `re.enum` ... would lead to `sys.modules`.
+    """
+    view = types.ModuleType(module.__name__)
+    for attr, value in vars(module).items():
+        if attr.startswith("_") or isinstance(value, types.ModuleType):
+            continue
+        setattr(view, attr, value)
+    return view
+
+
+_VIEWS = {name: _module_view(sys.modules[name]) for name in sorted(ALLOWED_MODULES)}
+
+
 def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-    if level != 0 or name not in ALLOWED_MODULES:
+    if level != 0 or name not in _VIEWS:
         raise ImportError(f"import of {name!r} is not allowed")
-    return sys.modules[name]
+    return _VIEWS[name]
 
 
 def _safe_builtins() -> dict:

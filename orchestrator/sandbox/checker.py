@@ -99,6 +99,31 @@ BANNED_ATTRIBUTES: frozenset[str] = frozenset(
         "tb_next",
     }
 )
+
+
+def _module_attribute_names() -> frozenset[str]:
+    """Names under which allowed modules expose other modules (`fractions.sys` ...).
+
+    Those attributes would lead from an allowed module to `sys.modules` and so to
+    everything; they are refused as attribute names. Found by walking the allowed
+    modules once, plus a fixed list so that the check does not depend on the walk.
+    """
+    import importlib
+    import types
+
+    names = {"sys", "os", "builtins", "importlib", "random", "types", "gc", "inspect", "abc"}
+    for module_name in ALLOWED_MODULES:
+        module = importlib.import_module(module_name)
+        for attr in dir(module):
+            if not attr.startswith("_"):
+                value = getattr(module, attr, None)
+                if isinstance(value, types.ModuleType) and attr not in ALLOWED_MODULES:
+                    names.add(attr)
+    return frozenset(names)
+
+
+BANNED_ATTRIBUTES = BANNED_ATTRIBUTES | _module_attribute_names()
+
 # Prefixes of the attributes of frames, code objects, generators, coroutines and
 # tracebacks (gi_frame, f_back, co_code, tb_frame, cr_frame, ag_frame ...).
 BANNED_ATTRIBUTE_PREFIXES: tuple[str, ...] = ("_", "f_", "co_", "gi_", "cr_", "ag_", "tb_")
@@ -367,6 +392,6 @@ def check_source(code: str, *, max_source_chars: int) -> Refusal | None:
                     refusal = refusal or _check_identifier(alias.asname, node, kind="name")
         if refusal is not None:
             return refusal
-        for child in ast.iter_child_nodes(node):
-            stack.append((child, depth + 1))
+        # Reversed, so that the walk meets statements in source order.
+        stack.extend((child, depth + 1) for child in reversed(list(ast.iter_child_nodes(node))))
     return None

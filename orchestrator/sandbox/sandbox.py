@@ -94,6 +94,10 @@ class SandboxResult:
         return data
 
 
+class _WorkerLost(Exception):
+    """The worker was gone before it started the job."""
+
+
 class _Worker:
     """One worker process and its JSON-lines channel."""
 
@@ -359,12 +363,21 @@ class Sandbox:
                 "error", error=f"values are not JSON data: {exc}", category="bad_input"
             )
         deadline = time.monotonic() + timeout_s
-        try:
-            async with asyncio.timeout(max(timeout_s, 0.001)):
-                worker = await self._idle.get()
-        except TimeoutError:
-            return SandboxResult("timeout", error="no sandbox worker free", category="busy")
-        return await self._execute(worker, json.loads(job), deadline)
+        for _attempt in range(3):
+            try:
+                async with asyncio.timeout_at(_loop_time(deadline)):
+                    worker = await self._idle.get()
+                    while not worker.alive:
+                        self._replace(worker)
+                        worker = await self._idle.get()
+            except TimeoutError:
+                return SandboxResult("timeout", error="no sandbox worker free", category="busy")
+            try:
+                return await self._execute(worker, json.loads(job), deadline)
+            except _WorkerLost:
+                # The worker died before it took the job (nothing ran): try another one.
+                continue
+        return SandboxResult("error", error="sandbox workers keep failing", category="crash")
 
     async def _execute(
         self, worker: _Worker, job: dict[str, Any], deadline: float
@@ -372,8 +385,11 @@ class Sandbox:
         job["timeout_s"] = max(deadline - time.monotonic(), 0.001)
         healthy = False
         try:
-            await worker.send(job)
-            message = await worker.read_message()
+            try:
+                await worker.send(job)
+                message = await worker.read_message()
+            except (ConnectionError, OSError) as exc:
+                raise _WorkerLost from exc
             if message.get("event") != "started":
                 raise ConnectionError(f"unexpected worker message {message.get('event')}")
             worker.job_pid = int(message["pid"])
