@@ -67,7 +67,7 @@ _NUMBER_RE = re.compile(
     re.VERBOSE,
 )
 _FRACTION_RE = re.compile(r"(?P<num>[-+\u2212]?\d+)\s*/\s*(?P<den>\d+)")
-_UNIT_RE = re.compile(r"[A-Za-z°µΩ%][A-Za-z°µΩ%/·*^\-\d .()]{0,40}")
+_UNIT_RE = re.compile(r"(?:1/)?[A-Za-z°µΩ%][A-Za-z°µΩ%/·*^\-\d .()]{0,40}")
 _FORMATTED_RE = re.compile(r"(?P<dec>\S+)\s*\((?P<frac>[-+]?\d+/\d+)\)")
 
 
