@@ -63,7 +63,7 @@ async def test_spec_example() -> None:
     ["population of Atlantis", "capital of Franc", "speed of dark", "Paris", "1 + 1", "x" * 50],
 )
 async def test_unknown_queries_are_not_found_never_guessed(query: str) -> None:
-    with pytest.raises(ToolError, match="^not found"):
+    with pytest.raises(ToolError, match=r"^not found"):
         await lookup(query, ToolContext())
 
 
