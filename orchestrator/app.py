@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import hmac
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
 from typing import Any
 
@@ -13,10 +13,11 @@ import structlog
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import JSONResponse, StreamingResponse
 
-from orchestrator.cache import create_cache
+from orchestrator.cache import Cache, create_cache
 from orchestrator.service import ReasonService
 from orchestrator.tools import build_registry
 from orchestrator.tools.base import ToolContext
+from orchestrator.tools.registry import ToolRegistry
 from services import tracing
 from services.app import create_service_app, sse_event
 from services.errors import NotFound, ServiceError, Unauthorized, error_body
@@ -28,7 +29,14 @@ from services.settings import OrchestratorSettings
 log = structlog.get_logger("orchestrator")
 
 
-def create_app(settings: OrchestratorSettings | None = None) -> FastAPI:
+def create_app(
+    settings: OrchestratorSettings | None = None,
+    *,
+    tools_factory: Callable[
+        [OrchestratorSettings, Cache, AsyncExitStack], Awaitable[ToolRegistry]
+    ] = build_registry,
+) -> FastAPI:
+    """Build the orchestrator; `tools_factory` builds the tool registry at startup."""
     settings = settings or OrchestratorSettings()
     configure_logging(
         "orchestrator", log_dir=settings.log_dir, level=settings.log_level, fmt=settings.log_format
@@ -44,7 +52,7 @@ def create_app(settings: OrchestratorSettings | None = None) -> FastAPI:
                 max_entries=settings.cache_max_entries,
             )
             stack.push_async_callback(cache.close)
-            registry = await build_registry(settings, cache, stack)
+            registry = await tools_factory(settings, cache, stack)
             planner = ServiceClient(
                 "planner", settings.planner_url, connect_timeout_s=settings.connect_timeout_s
             )
@@ -98,7 +106,7 @@ def create_app(settings: OrchestratorSettings | None = None) -> FastAPI:
                     return tenant
         raise Unauthorized("missing or invalid API key; send Authorization: Bearer <key>")
 
-    @app.post("/reason", response_model=ReasonResponse, response_model_exclude_none=True)
+    @app.post("/reason", response_model=ReasonResponse)
     async def reason(
         body: ReasonRequest, request: Request, tenant: str = Depends(tenant_of)
     ) -> Any:
@@ -111,7 +119,7 @@ def create_app(settings: OrchestratorSettings | None = None) -> FastAPI:
             )
         return await _cancel_on_disconnect(request, service.reason(body, tenant=tenant))
 
-    @app.post("/tools/{name}/run", response_model=ToolRunResult, response_model_exclude_none=True)
+    @app.post("/tools/{name}/run", response_model=ToolRunResult)
     async def run_tool(
         name: str, body: ToolRunRequest, request: Request, tenant: str = Depends(tenant_of)
     ) -> ToolRunResult:
@@ -157,12 +165,12 @@ async def _stream(service: ReasonService, body: ReasonRequest, tenant: str) -> A
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
     async def on_step(step: Any) -> None:
-        await queue.put(("step", step.model_dump(exclude_none=True)))
+        await queue.put(("step", step.model_dump(mode="json")))
 
     async def work() -> None:
         try:
             result = await service.reason(body, tenant=tenant, on_step=on_step)
-            await queue.put(("result", result.model_dump(exclude_none=True)))
+            await queue.put(("result", result.model_dump(mode="json")))
         except ServiceError as exc:
             await queue.put(("error", error_body(exc, tracing.current_trace_id())))
         except Exception:

@@ -162,7 +162,7 @@ class ReasonService:
             timings["verify"] += (loop.time() - t0) * 1000
             best, agreeing = vote(attempts)
             best_plans = attempts
-            if best.verdict != "rejected":
+            if best.verdict != "rejected" and best.answer is not None:
                 break
             feedback = describe_failure(best)
         assert best is not None
@@ -260,8 +260,8 @@ class ReasonService:
             if k is not None and k not in distinct:
                 distinct[k] = attempt
         for attempt in attempts:
-            if attempt.answer is None:
-                attempt.verdict, attempt.confidence = "rejected", 0.0
+            if attempt.answer is None:  # nothing to verify; the round may be replanned
+                attempt.confidence = 0.0
         if not distinct:
             return attempts
         remaining = deadline - asyncio.get_running_loop().time()
@@ -335,6 +335,13 @@ def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
 
 
 def describe_failure(attempt: Attempt) -> str:
+    if attempt.answer is None:
+        verdict = "The plan did not produce an answer."
+    else:
+        verdict = (
+            f"The verifier rejected the answer {attempt.answer!r} "
+            f"(confidence it is right: {attempt.confidence:.2f})."
+        )
     steps = [
         {
             "id": s.id,
@@ -346,8 +353,4 @@ def describe_failure(attempt: Attempt) -> str:
         }
         for s in attempt.execution.steps
     ]
-    return (
-        "The verifier rejected the answer "
-        f"{attempt.answer!r} (confidence it is right: {attempt.confidence:.2f}). "
-        f"The failed plan and its step results were: {json.dumps(steps)}"
-    )
+    return f"{verdict} The failed plan and its step results were: {json.dumps(steps)}"

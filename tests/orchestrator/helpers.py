@@ -1,0 +1,214 @@
+"""Test doubles served over real HTTP: a scriptable planner and verifier, custom tools,
+and the real orchestrator app, each in a uvicorn server on a free port."""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import AsyncExitStack, contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import uvicorn
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from orchestrator.app import create_app
+from orchestrator.cache import Cache
+from orchestrator.tools.base import ToolContext, ToolError
+from orchestrator.tools.calc import calc
+from orchestrator.tools.registry import Tool, ToolRegistry
+from services import toolspecs
+from services.schemas import ToolSpec
+from services.settings import OrchestratorSettings
+from tests.conftest import free_port
+
+
+class ServerThread:
+    def __init__(self, app: Any, port: int | None = None) -> None:
+        self.port = port or free_port()
+        config = uvicorn.Config(
+            app,
+            host="127.0.0.1",
+            port=self.port,
+            log_level="warning",
+            lifespan="on",
+            timeout_graceful_shutdown=1,
+        )
+        self.server = uvicorn.Server(config)
+        self.thread = threading.Thread(target=self.server.run, daemon=True)
+
+    @property
+    def url(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def __enter__(self) -> ServerThread:
+        self.thread.start()
+        deadline = time.monotonic() + 30
+        while not self.server.started:
+            if time.monotonic() > deadline or not self.thread.is_alive():
+                raise RuntimeError("server did not start")
+            time.sleep(0.02)
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.should_exit = True
+        self.thread.join(timeout=10)
+
+
+def plan(
+    *steps: tuple[str, str, str, list[str]], answer: str | None = None, reasoning: str = "test plan"
+) -> dict[str, Any]:
+    return {
+        "reasoning": reasoning,
+        "steps": [{"id": i, "tool": t, "input": x, "depends_on": d} for i, t, x, d in steps],
+        "answer_step": answer or steps[-1][0],
+    }
+
+
+@dataclass
+class FakePlanner:
+    """Answers /plan from a script: question -> list of rounds, each a list of plans."""
+
+    script: dict[str, list[list[dict[str, Any]]]] = field(default_factory=dict)
+    mode: str = "ok"  # ok | hang | error
+    requests: list[dict[str, Any]] = field(default_factory=list)
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        @app.get("/readyz")
+        async def readyz() -> dict[str, bool]:
+            return {"ready": True}
+
+        @app.post("/plan")
+        async def plan_(request: Request) -> Any:
+            body = await request.json()
+            self.requests.append({**body, "traceparent": request.headers.get("traceparent")})
+            if self.mode == "hang":
+                await asyncio.sleep(3600)
+            if self.mode == "error":
+                return JSONResponse(
+                    {"error": {"type": "internal_error", "message": "boom"}, "trace_id": "0" * 32},
+                    status_code=500,
+                )
+            rounds = self.script[body["question"]]
+            done = sum(1 for r in self.requests if r["question"] == body["question"]) - 1
+            plans = rounds[min(done, len(rounds) - 1)][: body.get("n", 1)]
+            return {"plans": plans, "model": "fake", "backend": "fake", "latency_ms": 1.0}
+
+        return app
+
+
+@dataclass
+class FakeVerifier:
+    """Verdicts by answer text found in the statement; `mode` makes it fail or hang."""
+
+    by_answer: dict[str, float] = field(default_factory=dict)
+    default: float = 0.9
+    mode: str = "ok"
+    calls: int = 0
+
+    def _score(self, statement: str) -> dict[str, Any]:
+        p = self.default
+        for answer, prob in self.by_answer.items():
+            if statement == f"The answer is {answer}.":
+                p = prob
+        return {"verdict": p >= 0.5, "confidence": p, "method": "model", "latency_ms": 1.0}
+
+    def app(self) -> FastAPI:
+        app = FastAPI()
+
+        async def gate() -> JSONResponse | None:
+            self.calls += 1
+            if self.mode == "hang":
+                await asyncio.sleep(3600)
+            if self.mode == "error":
+                return JSONResponse(
+                    {"error": {"type": "internal_error", "message": "x"}, "trace_id": "0" * 32},
+                    status_code=500,
+                )
+            return None
+
+        @app.post("/verify")
+        async def verify(request: Request) -> Any:
+            return await gate() or self._score((await request.json())["statement"])
+
+        @app.post("/verify/batch")
+        async def batch(request: Request) -> Any:
+            failed = await gate()
+            if failed:
+                return failed
+            items = (await request.json())["items"]
+            return {"results": [self._score(i["statement"]) for i in items], "latency_ms": 1.0}
+
+        return app
+
+
+class ToolSwitch:
+    """Custom tools for failure tests."""
+
+    def __init__(self) -> None:
+        self.cancelled = 0
+        self.started = 0
+
+    async def sleep(self, text: str, ctx: ToolContext) -> Any:
+        self.started += 1
+        try:
+            await asyncio.sleep(float(text))
+        except asyncio.CancelledError:
+            self.cancelled += 1
+            raise
+        return text
+
+    async def hang(self, text: str, ctx: ToolContext) -> Any:
+        return await self.sleep("3600", ctx)
+
+    async def fail(self, text: str, ctx: ToolContext) -> Any:
+        raise ToolError(f"cannot handle {text}")
+
+    async def crash(self, text: str, ctx: ToolContext) -> Any:
+        raise RuntimeError("tool bug")
+
+    def factory(self):
+        async def build(
+            settings: OrchestratorSettings, cache: Cache, stack: AsyncExitStack
+        ) -> ToolRegistry:
+            reg = ToolRegistry(cache)
+            reg.register(Tool(toolspecs.CALC, calc, timeout_s=1.0))
+            for name, fn, timeout in [
+                ("sleep", self.sleep, 5.0),
+                ("hang", self.hang, 0.3),
+                ("fail", self.fail, 1.0),
+                ("crash", self.crash, 1.0),
+            ]:
+                reg.register(
+                    Tool(
+                        ToolSpec(name=name, description=name, input_format="x"),
+                        fn,
+                        timeout_s=timeout,
+                    )
+                )
+            return reg
+
+        return build
+
+
+@contextmanager
+def orchestrator_stack(
+    tmp: Path,
+    planner: FakePlanner,
+    verifier: FakeVerifier,
+    tools: ToolSwitch | None = None,
+    **settings: Any,
+) -> Iterator[str]:
+    tools = tools or ToolSwitch()
+    with ServerThread(planner.app()) as p, ServerThread(verifier.app()) as v:
+        config = OrchestratorSettings(
+            planner_url=p.url, verifier_url=v.url, log_dir=tmp, log_format="json", **settings
+        )
+        with ServerThread(create_app(config, tools_factory=tools.factory())) as o:
+            yield o.url
