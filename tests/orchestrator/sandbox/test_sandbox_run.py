@@ -1,0 +1,224 @@
+"""What the `python` tool relies on: values in, result/stdout/error out, limits, pool."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+from pathlib import Path
+from typing import Any
+
+import pytest
+from structlog.testing import capture_logs
+
+from orchestrator.sandbox import Sandbox, SandboxSettings, SandboxUnavailableError
+
+pytestmark = pytest.mark.asyncio(loop_scope="module")
+
+GSM8K_STYLE = """
+from fractions import Fraction
+import math
+eggs_per_day = 16
+eaten = 3
+baked = 4
+price = Fraction(2)
+result = (eggs_per_day - eaten - baked) * price
+print(f"sold {eggs_per_day - eaten - baked} eggs for {float(result):.2f}")
+"""
+
+
+@pytest.mark.integration
+async def test_values_are_bound_as_variables(sandbox: Sandbox) -> None:
+    outcome = await sandbox.run("s1 + s2 * 2", {"s1": 2, "s2": 3}, 5.0)
+    assert (outcome.status, outcome.result) == ("ok", 8)
+    outcome = await sandbox.run("s1['a'][1] + len(s2)", {"s1": {"a": [1, 41]}, "s2": "xy"}, 5.0)
+    assert outcome.result == 43
+
+
+@pytest.mark.integration
+async def test_values_are_data_not_source(sandbox: Sandbox) -> None:
+    hostile = "__import__('os').system('id')"
+    outcome = await sandbox.run("s1", {"s1": hostile}, 5.0)
+    assert (outcome.status, outcome.result) == ("ok", hostile)
+
+
+@pytest.mark.integration
+async def test_result_variable_wins_over_last_expression(sandbox: Sandbox) -> None:
+    outcome = await sandbox.run("result = 3\nresult * 100", {}, 5.0)
+    assert outcome.result == 3
+    outcome = await sandbox.run("x = 5\nx * 2", {}, 5.0)
+    assert outcome.result == 10
+    outcome = await sandbox.run("x = 5", {}, 5.0)
+    assert (outcome.status, outcome.result) == ("ok", None)
+    # `result` inside a function is a local, not the program's result.
+    outcome = await sandbox.run("def f():\n    result = 1\n    return 2\nf()", {}, 5.0)
+    assert outcome.result == 2
+
+
+@pytest.mark.integration
+async def test_gsm8k_style_program(sandbox: Sandbox) -> None:
+    outcome = await sandbox.run(GSM8K_STYLE, {}, 5.0)
+    assert outcome.status == "ok", outcome
+    assert outcome.result == 18
+    assert outcome.stdout == "sold 9 eggs for 18.00\n"
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("code", "expected"),
+    [
+        ("from fractions import Fraction\nFraction(3, 4)", "3/4"),
+        ("from fractions import Fraction\nFraction(4, 2)", 2),
+        ("from decimal import Decimal\nDecimal('2.50')", "2.50"),
+        ("from decimal import Decimal\nDecimal('3.000')", 3),
+        ("0.5", 0.5),
+        ("float('nan')", "nan"),
+        ("{3, 1, 2}", [1, 2, 3]),
+        ("(1, (2, 3))", [1, [2, 3]]),
+        ("{1: 'a'}", {"1": "a"}),
+        ("import datetime\ndatetime.date(2024, 2, 29)", "2024-02-29"),
+        ("2**100", 2**100),
+        ("True", True),
+        ("1j", "1j"),
+        ("range(3)", [0, 1, 2]),
+    ],
+)
+async def test_results_are_json_safe(sandbox: Sandbox, code: str, expected: Any) -> None:
+    outcome = await sandbox.run(code, {}, 5.0)
+    assert outcome.status == "ok", outcome
+    assert outcome.result == expected
+
+
+@pytest.mark.integration
+async def test_big_integers_within_the_cap(sandbox: Sandbox) -> None:
+    outcome = await sandbox.run("2**20000", {}, 5.0)
+    # Longer than the interpreter's int/str limit: returned as its decimal digits.
+    assert outcome.status == "ok"
+    assert isinstance(outcome.result, str) and len(outcome.result) == 6021
+    assert outcome.result.startswith("39802768403379665923")
+    outcome = await sandbox.run("10**10000 * 10", {}, 5.0)
+    assert outcome.status == "error" and outcome.category == "output_limit"
+
+
+@pytest.mark.integration
+async def test_allowed_modules_work(sandbox: Sandbox) -> None:
+    code = """
+import math, cmath, statistics, itertools, functools, re, heapq, bisect, operator
+from collections import Counter
+from decimal import Decimal, getcontext
+@functools.lru_cache(maxsize=None)
+def fib(n):
+    return n if n < 2 else fib(n - 1) + fib(n - 2)
+[
+    math.comb(5, 2), statistics.median([1, 3, 2]), list(itertools.islice(itertools.count(), 3)),
+    fib(30), re.findall(r"\\d+", "a1b22"), heapq.nsmallest(1, [3, 1]), bisect.bisect([1, 3], 2),
+    operator.itemgetter(1)([7, 8]), Counter("aab")["a"], str(Decimal(1) / Decimal(8)),
+    "{:.1f}".format(2.25), f"{3:03d}", abs(cmath.sqrt(-4)),
+]
+"""
+    outcome = await sandbox.run(code, {}, 5.0)
+    assert outcome.status == "ok", outcome
+    assert outcome.result == [
+        10, 2, [0, 1, 2], 832040, ["1", "22"], [1], 1, 8, 2, "0.125", "2.2", "003", 2.0
+    ]  # fmt: skip
+
+
+@pytest.mark.integration
+async def test_stdout_is_captured_and_capped(sandbox: Sandbox) -> None:
+    outcome = await sandbox.run("print('a')\nprint('b', 2)", {}, 5.0)
+    assert outcome.stdout == "a\nb 2\n"
+    outcome = await sandbox.run("print('x' * 20000)", {}, 5.0)
+    assert outcome.status == "error" and outcome.category == "output_limit"
+    assert len(outcome.stdout) == sandbox.settings.max_output_chars
+
+
+@pytest.mark.integration
+async def test_error_status_carries_the_exception(sandbox: Sandbox) -> None:
+    outcome = await sandbox.run("x = 1\n1 / 0", {}, 5.0)
+    assert outcome.status == "error"
+    assert outcome.error == "ZeroDivisionError: division by zero"
+    assert outcome.category is None
+    outcome = await sandbox.run("undefined_name", {}, 5.0)
+    assert outcome.error is not None and outcome.error.startswith("NameError")
+    outcome = await sandbox.run("def f(:\n", {}, 5.0)
+    assert outcome.status == "error" and outcome.category == "syntax_error"
+
+
+@pytest.mark.integration
+async def test_timeout_status(sandbox: Sandbox) -> None:
+    outcome = await sandbox.run("while True:\n    pass", {}, 0.3)
+    assert outcome.status == "timeout" and outcome.category == "timeout"
+    assert 250 <= outcome.latency_ms < 2500
+
+
+@pytest.mark.integration
+async def test_nothing_persists_between_runs(sandbox: Sandbox) -> None:
+    assert (await sandbox.run("x = 1\nimport math\nmath.pi = 3\nx", {}, 5.0)).result == 1
+    outcome = await sandbox.run("x", {}, 5.0)
+    assert outcome.status == "error" and "NameError" in (outcome.error or "")
+    outcome = await sandbox.run("import math\nmath.pi", {}, 5.0)
+    assert outcome.result == pytest.approx(3.141592653589793)
+
+
+@pytest.mark.integration
+async def test_bad_values_are_refused(sandbox: Sandbox) -> None:
+    for values in ({"__class__": 1}, {"class": 1}, {"_x": 1}, {"a-b": 1}):
+        outcome = await sandbox.run("1", values, 5.0)
+        assert outcome.status == "refused" and outcome.category == "bad_input", values
+    outcome = await sandbox.run("1", {"s1": object()}, 5.0)
+    assert outcome.status == "error" and outcome.category == "bad_input"
+
+
+@pytest.mark.integration
+async def test_security_alerts_are_logged(sandbox: Sandbox) -> None:
+    with capture_logs() as logs:
+        await sandbox.run("().__class__", {}, 5.0)
+        await sandbox.run("while True:\n    pass", {}, 0.2)
+        await sandbox.run("1 + 1", {}, 5.0)
+        await sandbox.run("1 / 0", {}, 5.0)
+    alerts = [entry for entry in logs if entry["event"] == "SECURITY_ALERT"]
+    assert [alert["category"] for alert in alerts] == ["dunder_access", "timeout"]
+    assert all(alert["log_level"] == "warning" and alert["detail"] for alert in alerts)
+
+
+@pytest.mark.integration
+async def test_concurrent_runs_share_the_pool(sandbox: Sandbox) -> None:
+    outcomes = await asyncio.gather(*(sandbox.run(f"{i} * 2", {}, 10.0) for i in range(6)))
+    assert [o.result for o in outcomes] == [0, 2, 4, 6, 8, 10]
+
+
+@pytest.mark.integration
+async def test_killed_worker_is_replaced(
+    sandbox: Sandbox, tmp_root: Path, check_clean: Any
+) -> None:
+    victim = next(iter(sandbox._workers))
+    os.kill(victim.proc.pid, signal.SIGKILL)
+    await victim.proc.wait()
+    outcomes = await asyncio.gather(*(sandbox.run("21 * 2", {}, 10.0) for _ in range(4)))
+    assert all(o.result == 42 for o in outcomes), outcomes
+    assert victim not in sandbox._workers
+    await check_clean(sandbox, tmp_root)
+
+
+@pytest.mark.integration
+async def test_close_leaves_nothing_behind(tmp_path: Path) -> None:
+    sb = Sandbox(SandboxSettings(workers=2), _tmp_root=str(tmp_path))
+    await sb.start()
+    pids = [w.proc.pid for w in sb._workers]
+    slow = asyncio.create_task(sb.run("while True:\n    pass", {}, 30.0))
+    await asyncio.sleep(0.3)
+    await sb.close()
+    outcome = await asyncio.wait_for(slow, 5.0)
+    assert outcome.status == "error" and outcome.category == "crash", outcome
+    for pid in pids:
+        assert _proc_state(pid) == "gone"
+    with pytest.raises(SandboxUnavailableError):
+        await sb.run("1", {}, 1.0)
+
+
+def _proc_state(pid: int) -> str:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(")") + 2]
