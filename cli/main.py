@@ -310,6 +310,27 @@ def trace(
     console.print(trace_tree(trace_id, lines))
 
 
+# --------------------------------------------------------------------------- db
+
+
+db_app = typer.Typer(help="The SQL tool's sample database.", no_args_is_help=True)
+app.add_typer(db_app, name="db")
+
+
+@db_app.command("init")
+def db_init(
+    dsn: str = typer.Option(..., envvar="REASON_ADMIN_DSN",
+                            help="Admin DSN, e.g. postgresql://postgres@127.0.0.1/postgres"),
+    reader_password: str | None = typer.Option(None, envvar="REASON_READER_PASSWORD",
+                                               help="Password for the read-only role."),
+) -> None:
+    """Create the reason_data schema, its sample data and the read-only reason_reader role."""
+    from orchestrator.tools.sql import init_database
+
+    asyncio.run(init_database(dsn, reader_password))
+    console.print("reason_data schema, sample data and role reason_reader are ready")
+
+
 def _is_trace_id(value: str) -> bool:
     return len(value) == 32 and all(c in "0123456789abcdef" for c in value)
 
