@@ -279,6 +279,10 @@ class Sandbox:
             )
         if mode == "none":
             log.warning("sandbox_without_network_isolation", layers=layers)
+        if not layers.get("chroot") and not layers.get("landlock"):
+            # Neither chroot (root) nor Landlock (Linux >= 5.13): job code can read every
+            # file the service's user can read. Writes stay blocked (RLIMIT_FSIZE, seccomp).
+            log.warning("sandbox_filesystem_readable", layers=layers)
 
     async def _discard(self, worker: _Worker) -> None:
         self._workers.discard(worker)

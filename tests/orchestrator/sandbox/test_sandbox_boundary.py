@@ -8,6 +8,8 @@ contained by the forked, confined child.
 
 from __future__ import annotations
 
+import asyncio
+import json
 import os
 import socket
 import uuid
@@ -21,8 +23,15 @@ from orchestrator.sandbox import Sandbox, SandboxSettings
 pytestmark = [pytest.mark.security, pytest.mark.asyncio(loop_scope="module")]
 
 
+REPO = Path(__file__).resolve().parents[3]
+
+
 def _exists(path: str) -> bool:
     return os.path.exists(path)
+
+
+def _listing(path: Path) -> list[str]:
+    return os.listdir(path)
 
 
 async def _run(sb: Sandbox, code: str, timeout_s: float = 5.0) -> Any:
@@ -261,3 +270,56 @@ async def test_pickle_and_marshal_stay_inside(
     )
     assert outcome.status == "error", outcome
     await check_clean(raw_sandbox, tmp_root)
+
+
+_NO_CAPS_SCRIPT = """
+import asyncio, json, sys
+from orchestrator.sandbox import Sandbox, SandboxSettings
+
+async def main():
+    sb = Sandbox(SandboxSettings(workers=1), _ast_check=False, _preload=("socket",),
+                 _tmp_root=sys.argv[1])
+    await sb.start()
+    out = {"layers": sb.layers}
+    for name, code in [
+        ("read", "open('/etc/passwd').read()"),
+        ("list", "import os\\nos.listdir('/')"),
+        ("write", "open('x', 'w')"),
+        ("connect", "import socket\\nsocket.socket().connect(('127.0.0.1', 6379))"),
+        ("fork", "import os\\nos.fork()"),
+        ("ok", "1 + 1"),
+    ]:
+        r = await sb.run(code, {}, 5.0)
+        out[name] = [r.status, r.result, r.error]
+    await sb.close()
+    print(json.dumps(out))
+
+asyncio.run(main())
+"""
+
+
+@pytest.mark.slow
+async def test_without_capabilities_the_fallback_layers_hold(tmp_path: Path) -> None:
+    """As in a container without CAP_SYS_ADMIN: no namespace, no chroot, no setuid."""
+    import shutil
+    import sys
+
+    if os.geteuid() != 0 or shutil.which("setpriv") is None:
+        pytest.skip("needs root and setpriv to drop every capability")
+    repo = REPO
+    proc = await asyncio.create_subprocess_exec(
+        "setpriv", "--bounding-set=-all", "--inh-caps=-all",
+        sys.executable, "-c", _NO_CAPS_SCRIPT, str(tmp_path),
+        stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE,
+        cwd=repo, env={"PYTHONPATH": str(repo), "PATH": os.environ.get("PATH", "")},
+    )  # fmt: skip
+    stdout, stderr = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, stderr.decode()[-2000:]
+    out = json.loads(stdout.decode().strip().splitlines()[-1])
+    layers = out["layers"]
+    assert not layers["netns"] and not layers["chroot"] and not layers["setuid"]
+    assert layers["seccomp"] and layers["block_sockets"]
+    for name in ("read", "list", "write", "connect", "fork"):
+        assert out[name][0] == "error", (name, out[name])
+    assert out["ok"][:2] == ["ok", 2]
+    assert _listing(tmp_path) == []
