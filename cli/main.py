@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from services.settings import OrchestratorSettings, PlannerSettings, VerifierSettings
 from services.trace_es import flatten_ecs
 
 app = typer.Typer(
@@ -111,9 +112,16 @@ def serve(
     log_dir: Path = typer.Option(Path("logs"), help="Where the services write their logs."),
     ready_timeout_s: float = typer.Option(600.0, help="How long to wait for readiness."),
 ) -> None:
-    """Start planner (:8001), verifier (:8002) and orchestrator (:8000); Ctrl-C stops all."""
+    """Start planner (:8001), verifier (:8002) and orchestrator (:8000); Ctrl-C stops all.
+
+    Ports come from PLANNER_PORT, VERIFIER_PORT and ORCH_PORT when set."""
     log_dir.mkdir(parents=True, exist_ok=True)
-    procs = start_services(host, log_dir)
+    ports = {
+        "planner": PlannerSettings().port,
+        "verifier": VerifierSettings().port,
+        "orchestrator": OrchestratorSettings().port,
+    }
+    procs = start_services(host, log_dir, ports=ports)
     stopping = False
 
     def _terminate(*_: Any) -> None:
@@ -121,11 +129,11 @@ def serve(
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        urls = {name: f"http://{host}:{port}" for name, port in SERVICES}
+        urls = {name: f"http://{host}:{port}" for name, port in ports.items()}
         ready = wait_ready(urls, ready_timeout_s, procs)
         for name, ok in ready.items():
             console.print(f"{name:<13} {urls[name]}  {'[green]ready' if ok else '[red]not ready'}")
-        console.print(f"POST http://{host}:8000/reason   logs in {log_dir}/   Ctrl-C stops")
+        console.print(f"POST {urls['orchestrator']}/reason   logs in {log_dir}/   Ctrl-C stops")
         while all(p.poll() is None for p in procs.values()):
             time.sleep(0.5)
         dead = [n for n, p in procs.items() if p.poll() is not None]
@@ -319,10 +327,14 @@ app.add_typer(db_app, name="db")
 
 @db_app.command("init")
 def db_init(
-    dsn: str = typer.Option(..., envvar="REASON_ADMIN_DSN",
-                            help="Admin DSN, e.g. postgresql://postgres@127.0.0.1/postgres"),
-    reader_password: str | None = typer.Option(None, envvar="REASON_READER_PASSWORD",
-                                               help="Password for the read-only role."),
+    dsn: str = typer.Option(
+        ...,
+        envvar="REASON_ADMIN_DSN",
+        help="Admin DSN, e.g. postgresql://postgres@127.0.0.1/postgres",
+    ),
+    reader_password: str | None = typer.Option(
+        None, envvar="REASON_READER_PASSWORD", help="Password for the read-only role."
+    ),
 ) -> None:
     """Create the reason_data schema, its sample data and the read-only reason_reader role."""
     from orchestrator.tools.sql import init_database

@@ -15,6 +15,7 @@ from typing import Any, Literal
 
 import structlog
 from ecs_logging import StructlogFormatter
+from structlog.typing import EventDict
 
 from services import tracing
 
@@ -32,9 +33,9 @@ class _Sink:
             self._file = path.open("a", encoding="utf-8", buffering=1)
         self._console = structlog.dev.ConsoleRenderer(colors=True) if console else None
 
-    def __call__(self, logger: Any, method: str, event_dict: dict[str, Any]) -> str:
-        pretty = self._console(logger, method, dict(event_dict)) if self._console else None
-        line = _ecs(logger, method, event_dict)
+    def __call__(self, logger: Any, method: str, event_dict: EventDict) -> str:
+        pretty = str(self._console(logger, method, dict(event_dict))) if self._console else None
+        line = _ecs(logger, method, dict(event_dict))
         if self._file is not None:
             with self._lock:
                 self._file.write(line + "\n")
@@ -48,7 +49,7 @@ class _Sink:
 _sink: _Sink | None = None
 
 
-def _add_trace(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _add_trace(_: Any, __: str, event_dict: EventDict) -> EventDict:
     ctx = tracing.current()
     if ctx is not None:
         event_dict.setdefault("trace.id", ctx.trace_id)
@@ -58,7 +59,7 @@ def _add_trace(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
     return event_dict
 
 
-def _drop_none(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+def _drop_none(_: Any, __: str, event_dict: EventDict) -> EventDict:
     return {k: v for k, v in event_dict.items() if v is not None}
 
 
@@ -76,7 +77,7 @@ def configure_logging(
     path = log_dir / f"{service_name}.jsonl" if log_dir is not None else None
     _sink = _Sink(path, console)
 
-    def _service(_: Any, __: str, event_dict: dict[str, Any]) -> dict[str, Any]:
+    def _service(_: Any, __: str, event_dict: EventDict) -> EventDict:
         event_dict.setdefault("service.name", service_name)
         return event_dict
 

@@ -15,14 +15,14 @@ import hashlib
 import json
 import time
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
 
 import structlog
 from prometheus_client import Counter, Histogram
 
 from orchestrator.cache import Cache, make_key, normalize_text
 from orchestrator.tools.base import ToolContext, ToolError, ToolFn, ToolRefused
-from services.schemas import ToolRunResult, ToolSpec
+from services.schemas import StepSource, StepStatus, ToolRunResult, ToolSpec
 
 log = structlog.get_logger("tools")
 
@@ -225,11 +225,11 @@ def _outcome(
     result = ToolRunResult(
         tool=name,
         input=text,
-        status=status,  # type: ignore[arg-type]
+        status=cast(StepStatus, status),
         output=output,
         error=error,
-        source=source,
-    )  # type: ignore[arg-type]
+        source=cast(StepSource, source),
+    )
     return Outcome(result, value)
 
 

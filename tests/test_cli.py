@@ -1,0 +1,87 @@
+"""The `reason` command: serve starts and stops the three services; ask prints a table."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import httpx
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app as cli_app
+from tests.conftest import REPO, Stack, free_port
+
+pytestmark = [pytest.mark.integration]
+
+
+def test_serve_starts_three_services_and_ctrl_c_stops_them(tmp_path) -> None:
+    ports = {"PLANNER_PORT": free_port(), "VERIFIER_PORT": free_port(), "ORCH_PORT": free_port()}
+    env = {
+        **os.environ,
+        **{k: str(v) for k, v in ports.items()},
+        "PLANNER_BACKEND": "scripted",
+        "VERIFIER_BACKEND": "scripted",
+        "ORCH_REDIS_URL": "",
+        "ORCH_DATABASE_URL": "",
+    }
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "cli", "serve", "--log-dir", str(tmp_path)],
+        cwd=REPO,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    try:
+        url = f"http://127.0.0.1:{ports['ORCH_PORT']}"
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline:
+            try:
+                if httpx.get(f"{url}/readyz", timeout=1).status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.3)
+        r = httpx.post(f"{url}/reason", json={"question": "What is 3 * 4?"}, timeout=30)
+        assert r.json()["answer"] == "12"
+        children = subprocess.run(["pgrep", "-P", str(proc.pid)], capture_output=True, text=True)
+        pids = [int(p) for p in children.stdout.split()]
+        assert len(pids) == 3
+        proc.send_signal(signal.SIGINT)
+        out, _ = proc.communicate(timeout=20)
+        assert proc.returncode == 0, out
+        assert "stopped" in out
+        for pid in pids:
+            assert (
+                not os.path.exists(f"/proc/{pid}")
+                or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+            )
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+
+
+def test_ask_prints_answer_and_steps(stack: Stack) -> None:
+    result = CliRunner().invoke(
+        cli_app, ["ask", "What is 6 * 7?", "--url", stack.url("orchestrator")]
+    )
+    assert result.exit_code == 0, result.output
+    assert "42" in result.output and "verified" in result.output
+    assert "calc" in result.output and "s1" in result.output
+
+
+def test_ask_reports_errors_and_unreachable_service(stack: Stack) -> None:
+    r = CliRunner().invoke(cli_app, ["ask", "x" * 4001, "--url", stack.url("orchestrator")])
+    assert r.exit_code == 1 and "validation_error" in r.output
+    r = CliRunner().invoke(cli_app, ["ask", "hi", "--url", f"http://127.0.0.1:{free_port()}"])
+    assert r.exit_code == 2 and "cannot reach" in r.output
+
+
+def test_trace_rejects_bad_ids_and_reports_unknown_ones(tmp_path) -> None:
+    r = CliRunner().invoke(cli_app, ["trace", "not-a-trace", "--log-dir", str(tmp_path)])
+    assert r.exit_code == 2
+    r = CliRunner().invoke(cli_app, ["trace", "a" * 32, "--log-dir", str(tmp_path)])
+    assert r.exit_code == 1 and "no log lines" in r.output
