@@ -63,10 +63,11 @@ class VerifierService:
                 verdict, confidence = check.verdict, check.confidence
                 method = "both" if k in scores else "symbolic"
             else:
-                # confidence is the calibrated probability that the claim is true
+                # confidence is the calibrated probability that the claim is true; when
+                # the symbolic checks passed but cannot settle the claim, the model decides
                 confidence = scores[k]
                 verdict = confidence >= self.settings.threshold
-                method = "model"
+                method = "model" if check is None else "both"
             VERDICTS.labels(method, str(verdict).lower()).inc()
             results.append(
                 VerifyResponse(
