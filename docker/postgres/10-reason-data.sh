@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# PostgreSQL init step, run by the image's entrypoint from /docker-entrypoint-initdb.d
+# when the data directory is empty. Creates the SQL tool's schema, loads the sample
+# data (orchestrator/data/seed.sql: unqualified names, loaded with the schema as the
+# search path), and makes the tool's role read-only with its password from the
+# environment. The role part is idempotent; the seed is loaded only into an empty schema.
+#
+#   REASON_READER_PASSWORD   required; the password the orchestrator's DSN carries
+#   READER_ROLE              default reason_reader
+#   READER_SCHEMA            default reason_data
+#   SEED_FILE                default /seed/seed.sql
+#   POSTGRES_USER/POSTGRES_DB and the PG* variables select the server and database.
+set -euo pipefail
+
+: "${REASON_READER_PASSWORD:?REASON_READER_PASSWORD must be set for the read-only SQL role}"
+role="${READER_ROLE:-reason_reader}"
+schema="${READER_SCHEMA:-reason_data}"
+[[ "$role" =~ ^[a-z_][a-z0-9_]{0,62}$ ]] || { echo "bad READER_ROLE '$role'" >&2; exit 1; }
+[[ "$schema" =~ ^[a-z_][a-z0-9_]{0,62}$ ]] || { echo "bad READER_SCHEMA '$schema'" >&2; exit 1; }
+seed="${SEED_FILE:-/seed/seed.sql}"
+[[ -r "$seed" ]] || { echo "seed file $seed not readable" >&2; exit 1; }
+
+# psql variables are quoted by psql itself (:'pw' as a literal, :"role" as an identifier),
+# so the password never becomes SQL text.
+psql -v ON_ERROR_STOP=1 --no-psqlrc \
+    --username "${POSTGRES_USER:-postgres}" --dbname "${POSTGRES_DB:-${PGDATABASE:-postgres}}" \
+    -v pw="$REASON_READER_PASSWORD" -v role="$role" -v schema="$schema" -v seed="$seed" <<'SQL'
+BEGIN;
+CREATE SCHEMA IF NOT EXISTS :"schema";
+SELECT NOT EXISTS (
+    SELECT 1 FROM information_schema.tables WHERE table_schema = :'schema'
+) AS load_seed \gset
+\if :load_seed
+  SET LOCAL search_path TO :"schema";
+  \i :seed
+\endif
+COMMIT;
+
+SELECT NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'role') AS create_role \gset
+\if :create_role
+  CREATE ROLE :"role" LOGIN;
+\endif
+ALTER ROLE :"role" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
+    CONNECTION LIMIT 50 PASSWORD :'pw';
+-- Every session of the role is read-only and bounded, whatever the client asks for.
+ALTER ROLE :"role" SET default_transaction_read_only = on;
+ALTER ROLE :"role" SET statement_timeout = '2s';
+ALTER ROLE :"role" SET idle_in_transaction_session_timeout = '5s';
+ALTER ROLE :"role" SET search_path = :"schema";
+
+REVOKE ALL ON SCHEMA public FROM PUBLIC;
+REVOKE CREATE ON SCHEMA :"schema" FROM PUBLIC;
+REVOKE ALL ON ALL TABLES IN SCHEMA :"schema" FROM :"role";
+GRANT USAGE ON SCHEMA :"schema" TO :"role";
+GRANT SELECT ON ALL TABLES IN SCHEMA :"schema" TO :"role";
+ALTER DEFAULT PRIVILEGES IN SCHEMA :"schema" GRANT SELECT ON TABLES TO :"role";
+SELECT current_database() AS db \gset
+REVOKE TEMPORARY ON DATABASE :"db" FROM PUBLIC;
+SQL
+echo "10-reason-data: $role can read schema $schema"
