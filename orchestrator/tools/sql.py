@@ -1,0 +1,884 @@
+"""The `sql` tool: read-only queries on the sample database, held against a hostile model.
+
+Three independent defences, each enough on its own for writes:
+
+1. **The role.** On PostgreSQL the pool connects as `reason_reader`, created by
+   `init_database`: LOGIN, no superuser, CREATEDB, CREATEROLE, REPLICATION or BYPASSRLS,
+   member of no role, USAGE on schema `reason_data` and SELECT on its tables only; the
+   database's TEMPORARY right and schema `public` are revoked from PUBLIC (the tool's
+   database should be the product's own); role defaults `default_transaction_read_only`,
+   `statement_timeout`, `lock_timeout`, `idle_in_transaction_session_timeout` and a
+   `search_path` of `pg_catalog, reason_data, pg_temp`. On SQLite the file is opened
+   read-only (`mode=ro`), with `PRAGMA query_only=ON`, size limits, and an authorizer
+   that allows only SELECT, reads of the sample tables and an allowlist of functions.
+2. **The parser.** Exactly one statement, parsed by PostgreSQL's own parser (pglast),
+   and only a plain query: every node of the tree must be of an allowed type (so DML,
+   DDL, COPY, SET, LOCK, transaction control, LISTEN/NOTIFY, DO, CALL, EXPLAIN, writable
+   CTEs, `SELECT ... INTO` and `FOR UPDATE/SHARE` are refused wherever they appear);
+   every function call must be on an allowlist of aggregate, window, math, string and
+   date functions (so nothing that reads files, reaches the network, sleeps, takes
+   locks, touches large objects or sequences, or changes settings can be called); casts
+   only to plain types; relations only from the sample schema (or CTEs in scope); no
+   function called through attribute notation (`t.row_to_json`). On PostgreSQL the
+   server runs the deparsed text of the checked tree, so comments and lexer tricks
+   cannot smuggle anything past the check.
+3. **The transaction.** Each PostgreSQL call runs in a READ ONLY transaction with
+   `statement_timeout`, `lock_timeout` and `search_path` set LOCAL by the tool (never by
+   the model), reads at most `max_rows + 1` rows through a cursor, and the connection is
+   reset before it returns to the pool (asyncpg's reset: advisory locks released,
+   cursors closed, UNLISTEN, RESET ALL; plus RESET ROLE, DISCARD TEMP and DISCARD
+   SEQUENCES), so nothing one call sets reaches the next. SQLite calls use a fresh
+   read-only connection each time and are stopped by a progress handler at the deadline.
+
+Results: a single value is answered as that value; otherwise a JSON list of row objects,
+or `{"rows": [...], "truncated": true, "row_limit": N}` when there were more rows.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import hashlib
+import json
+import math
+import os
+import re
+import sqlite3
+import time
+import uuid
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from decimal import Decimal
+from importlib import resources
+from pathlib import Path
+from typing import Any, NoReturn
+from urllib.parse import quote
+
+import asyncpg
+import structlog
+from pglast import ast, parse_sql
+from pglast.parser import ParseError
+from pglast.stream import RawStream
+
+from orchestrator.tools.base import ToolContext, ToolError, ToolRefused
+
+log = structlog.get_logger(__name__)
+
+SCHEMA = "reason_data"
+READER_ROLE = "reason_reader"
+MAX_QUERY_CHARS = 8000
+MAX_TREE_DEPTH = 200
+MAX_CELL_CHARS = 1000
+MAX_OUTPUT_CHARS = 20_000
+# Role defaults: a backstop if a connection is ever used outside the tool's transaction.
+ROLE_STATEMENT_TIMEOUT_MS = 5000
+ROLE_LOCK_TIMEOUT_MS = 1000
+ROLE_IDLE_IN_TRANSACTION_MS = 10_000
+_RECONNECT_BACKOFF_S = 5.0
+# Memory a sort or hash may use before spilling to disk, per call.
+WORK_MEM = "32MB"
+
+SPEC: dict[str, Any] = {
+    "name": "sql",
+    "description": (
+        "Run one read-only SQL SELECT on the sample database. Tables: "
+        "countries(name, capital, continent, population, area_km2, currency); "
+        "products(id, name, category, price_cents, stock); "
+        "employees(id, name, department, title, salary, hire_date, manager_id); "
+        "orders(id, customer, country, product_id, quantity, order_date, status). "
+        "Portable SQL (PostgreSQL syntax, also run on SQLite): joins, GROUP BY, "
+        "aggregates, ORDER BY, LIMIT, CTEs. Answers a single value as that value, "
+        "otherwise JSON rows (at most 200)."
+    ),
+    "input_format": "one SQL SELECT statement",
+    "example": "SELECT name, population FROM countries ORDER BY population DESC LIMIT 3",
+    "timeout_s": 2.0,
+    "cache_ttl_s": 60,
+}
+
+# ------------------------------------------------------------------ the policy
+
+# Node types a plain read-only query is made of. Anything else is refused.
+_ALLOWED_NODES = frozenset(
+    {
+        "RawStmt",
+        "SelectStmt",
+        "ResTarget",
+        "ColumnRef",
+        "A_Star",
+        "A_Const",
+        "String",
+        "Integer",
+        "Float",
+        "Boolean",
+        "BitString",
+        "A_Expr",
+        "BoolExpr",
+        "FuncCall",
+        "NamedArgExpr",
+        "TypeCast",
+        "TypeName",
+        "RangeVar",
+        "JoinExpr",
+        "Alias",
+        "SortBy",
+        "WithClause",
+        "CommonTableExpr",
+        "CTESearchClause",
+        "CTECycleClause",
+        "SubLink",
+        "CaseExpr",
+        "CaseWhen",
+        "CoalesceExpr",
+        "MinMaxExpr",
+        "NullTest",
+        "BooleanTest",
+        "A_Indirection",
+        "A_Indices",
+        "A_ArrayExpr",
+        "RangeSubselect",
+        "RangeFunction",
+        "WindowDef",
+        "GroupingSet",
+        "GroupingFunc",
+        "RowExpr",
+        "SQLValueFunction",
+        "CollateClause",
+    }
+)
+_WRITE_NODES = frozenset(
+    {"InsertStmt", "UpdateStmt", "DeleteStmt", "MergeStmt", "IntoClause", "CopyStmt"}
+)
+_STATEMENT_CATEGORY = {
+    "InsertStmt": "sql_write",
+    "UpdateStmt": "sql_write",
+    "DeleteStmt": "sql_write",
+    "MergeStmt": "sql_write",
+    "CopyStmt": "sql_write",
+    "TruncateStmt": "sql_write",
+    "LockStmt": "sql_lock",
+    "VariableSetStmt": "sql_session",
+    "VariableShowStmt": "sql_session",
+    "TransactionStmt": "sql_session",
+    "DiscardStmt": "sql_session",
+}
+
+PG_FUNCTIONS = frozenset(
+    {
+        # aggregates
+        "count", "sum", "avg", "min", "max", "stddev", "stddev_pop", "stddev_samp",
+        "variance", "var_pop", "var_samp", "string_agg", "array_agg", "bool_and",
+        "bool_or", "every", "percentile_cont", "percentile_disc", "mode", "corr",
+        "covar_pop", "covar_samp", "regr_slope", "regr_intercept", "json_agg",
+        "jsonb_agg", "json_object_agg", "jsonb_object_agg",
+        # window
+        "row_number", "rank", "dense_rank", "percent_rank", "cume_dist", "ntile", "lag",
+        "lead", "first_value", "last_value", "nth_value",
+        # math
+        "abs", "ceil", "ceiling", "floor", "round", "trunc", "sqrt", "cbrt", "power",
+        "pow", "exp", "ln", "log", "log10", "mod", "sign", "div", "pi", "degrees",
+        "radians", "sin", "cos", "tan", "asin", "acos", "atan", "atan2", "width_bucket",
+        "gcd", "lcm", "scale",
+        # strings
+        "lower", "upper", "length", "char_length", "character_length", "octet_length",
+        "substr", "substring", "position", "strpos", "trim", "btrim", "ltrim", "rtrim",
+        "replace", "concat", "concat_ws", "left", "right", "initcap", "split_part",
+        "reverse", "starts_with", "format", "translate", "ascii", "chr", "regexp_replace",
+        "regexp_match", "regexp_matches", "regexp_split_to_array", "like_escape",
+        "similar_to_escape", "overlay", "to_char", "to_number", "to_date", "to_timestamp",
+        # dates and times
+        "now", "date_part", "extract", "date_trunc", "age", "make_date", "make_time",
+        "make_timestamp", "make_interval", "justify_days", "justify_hours",
+        "justify_interval", "timezone", "overlaps", "isfinite", "date_bin",
+        # arrays, rows, json
+        "generate_series", "unnest", "array_length", "cardinality", "array_to_string",
+        "string_to_array", "array_position", "num_nulls", "num_nonnulls", "to_json",
+        "to_jsonb", "json_build_object", "jsonb_build_object", "json_build_array",
+        "jsonb_build_array", "row_to_json",
+        # reading a setting is harmless (protected ones stay protected by the role)
+        "current_setting",
+    }
+)  # fmt: skip
+SQLITE_FUNCTIONS = frozenset(
+    {
+        "count", "sum", "total", "avg", "min", "max", "group_concat", "string_agg",
+        "row_number", "rank", "dense_rank", "percent_rank", "cume_dist", "ntile", "lag",
+        "lead", "first_value", "last_value", "nth_value",
+        "abs", "round", "ceil", "ceiling", "floor", "trunc", "sqrt", "pow", "power", "exp",
+        "ln", "log", "log10", "log2", "mod", "sign", "pi",
+        "lower", "upper", "length", "substr", "substring", "trim", "ltrim", "rtrim",
+        "replace", "instr", "concat", "concat_ws", "printf", "format", "char", "unicode",
+        "like", "glob",
+        "coalesce", "ifnull", "nullif", "iif", "typeof",
+        "date", "time", "datetime", "julianday", "strftime", "unixepoch",
+    }
+)  # fmt: skip
+
+_ALLOWED_TYPES = frozenset(
+    {
+        "int2", "int4", "int8", "smallint", "integer", "int", "bigint", "float4", "float8",
+        "real", "numeric", "decimal", "text", "varchar", "bpchar", "char", "bool",
+        "boolean", "date", "time", "timetz", "timestamp", "timestamptz", "interval",
+        "json", "jsonb",
+    }
+)  # fmt: skip
+
+_NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
+
+
+@dataclass(frozen=True)
+class SqlPolicy:
+    """What a query may touch: the sample tables and columns, and a function allowlist."""
+
+    tables: frozenset[str]
+    columns: frozenset[str]
+    functions: frozenset[str] = PG_FUNCTIONS
+    schema: str = SCHEMA
+
+
+@dataclass
+class _Walk:
+    policy: SqlPolicy
+    defined: set[str] = field(default_factory=set)
+
+
+def _sval(node: Any) -> str | None:
+    return node.sval if isinstance(node, ast.String) else None
+
+
+def _names(nodes: Iterable[Any] | None) -> list[str]:
+    return [s for s in (_sval(n) for n in nodes or ()) if s is not None]
+
+
+def _defined_names(node: Any, out: set[str], depth: int = 0) -> None:
+    """Column and relation names the query itself defines (aliases, CTEs, targets)."""
+    if depth > MAX_TREE_DEPTH:
+        raise ToolRefused("query is nested too deeply", category="sql_too_complex")
+    if isinstance(node, list | tuple):
+        for child in node:
+            _defined_names(child, out, depth + 1)
+        return
+    if not isinstance(node, ast.Node):
+        return
+    if isinstance(node, ast.ResTarget) and node.name:
+        out.add(node.name)
+    elif isinstance(node, ast.Alias):
+        out.add(node.aliasname or "")
+        out.update(_names(node.colnames))
+    elif isinstance(node, ast.CommonTableExpr):
+        out.add(node.ctename or "")
+        out.update(_names(node.aliascolnames))
+    for attr in node:
+        _defined_names(getattr(node, attr), out, depth + 1)
+
+
+def _refuse_statement(stmt: Any) -> NoReturn:
+    kind = type(stmt).__name__
+    category = _STATEMENT_CATEGORY.get(kind)
+    if category is None:
+        category = "sql_write" if kind.endswith("Stmt") and kind not in (
+            "ExplainStmt", "ListenStmt", "NotifyStmt", "UnlistenStmt", "DoStmt", "CallStmt",
+            "PrepareStmt", "ExecuteStmt", "DeallocateStmt", "CheckPointStmt", "LoadStmt",
+        ) else "sql_statement"  # fmt: skip
+    label = kind.removesuffix("Stmt") or kind
+    raise ToolRefused(f"only a single SELECT query is allowed, not {label}", category=category)
+
+
+def check_query(sql: str, policy: SqlPolicy) -> str:
+    """Check one query against the policy; return the text the server should run.
+
+    Raises `ToolRefused` (a security event, with a category) for anything that is not a
+    plain read-only query over the sample tables, and `ToolError` for input that is not
+    valid SQL or names an unknown table or column.
+    """
+    if len(sql) > MAX_QUERY_CHARS:
+        raise ToolRefused(
+            f"query is longer than {MAX_QUERY_CHARS} characters", category="sql_too_complex"
+        )
+    if "\x00" in sql:
+        raise ToolRefused("query contains a NUL character", category="sql_syntax")
+    try:
+        stmts = parse_sql(sql)
+    except ParseError as exc:
+        raise ToolError(f"not valid SQL: {exc}") from exc
+    except RecursionError as exc:
+        raise ToolRefused("query is nested too deeply", category="sql_too_complex") from exc
+    if len(stmts) != 1:
+        raise ToolRefused(
+            f"exactly one statement is allowed, got {len(stmts)}",
+            category="sql_multi_statement" if stmts else "sql_syntax",
+        )
+    stmt = stmts[0].stmt
+    if not isinstance(stmt, ast.SelectStmt):
+        _refuse_statement(stmt)
+    walk = _Walk(policy)
+    _defined_names(stmt, walk.defined)
+    _visit(stmt, frozenset(), walk, 0)
+    try:
+        return str(RawStream()(stmt))
+    except Exception as exc:  # the deparser does not cover every construct
+        raise ToolRefused(
+            f"query cannot be checked: {type(exc).__name__}", category="sql_construct"
+        ) from exc
+
+
+def _visit(node: Any, scope: frozenset[str], walk: _Walk, depth: int) -> None:
+    if depth > MAX_TREE_DEPTH:
+        raise ToolRefused("query is nested too deeply", category="sql_too_complex")
+    if isinstance(node, list | tuple):
+        for child in node:
+            _visit(child, scope, walk, depth + 1)
+        return
+    if not isinstance(node, ast.Node):
+        return
+    kind = type(node).__name__
+    if kind in _WRITE_NODES:
+        what = "SELECT ... INTO" if kind == "IntoClause" else kind.removesuffix("Stmt")
+        raise ToolRefused(f"writing is not allowed ({what})", category="sql_write")
+    if kind == "LockingClause":
+        raise ToolRefused("row locks (FOR UPDATE/SHARE) are not allowed", category="sql_lock")
+    if kind not in _ALLOWED_NODES:
+        if kind.endswith("Stmt"):
+            _refuse_statement(node)
+        raise ToolRefused(f"{kind} is not allowed in a query", category="sql_construct")
+
+    if isinstance(node, ast.SelectStmt):
+        _visit_select(node, scope, walk, depth)
+        return
+    if isinstance(node, ast.RangeVar):
+        _check_relation(node, scope, walk.policy)
+        return
+    if isinstance(node, ast.FuncCall):
+        _check_function(_names(node.funcname), walk.policy)
+    elif isinstance(node, ast.TypeName):
+        _check_type(_names(node.names))
+    elif isinstance(node, ast.ColumnRef):
+        _check_column(node, walk)
+    elif isinstance(node, ast.A_Indirection):
+        # `(t).f` is attribute notation too: only known or query-defined names pass.
+        for name in _names(node.indirection):
+            if name not in walk.policy.columns and name not in walk.defined:
+                raise ToolError(f"unknown column {name!r}")
+    elif isinstance(node, ast.A_Expr):
+        names = _names(node.name)
+        if len(names) > 1 and names[0] != "pg_catalog":
+            raise ToolRefused(f"operator {'.'.join(names)} is not allowed", category="sql_function")
+    for attr in node:
+        _visit(getattr(node, attr), scope, walk, depth + 1)
+
+
+def _visit_select(node: ast.SelectStmt, scope: frozenset[str], walk: _Walk, depth: int) -> None:
+    body_scope = scope
+    with_clause = node.withClause
+    if with_clause is not None:
+        ctes = list(with_clause.ctes or ())
+        names = [cte.ctename for cte in ctes]
+        for i, cte in enumerate(ctes):
+            if not isinstance(cte.ctequery, ast.SelectStmt):
+                _visit(cte.ctequery, scope, walk, depth + 1)  # refuses it with its category
+                _refuse_statement(cte.ctequery)
+            # A recursive WITH sees all its names; a plain one only the earlier ones.
+            visible = names if with_clause.recursive else names[:i]
+            _visit(cte, scope | frozenset(visible), walk, depth + 1)
+        body_scope = scope | frozenset(names)
+    for attr in node:
+        if attr != "withClause":
+            _visit(getattr(node, attr), body_scope, walk, depth + 1)
+
+
+def _check_relation(node: ast.RangeVar, scope: frozenset[str], policy: SqlPolicy) -> None:
+    name = node.relname or ""
+    qualified = ".".join(p for p in (node.catalogname, node.schemaname, name) if p)
+    if node.catalogname or (node.schemaname and node.schemaname != policy.schema):
+        raise ToolRefused(
+            f"table {qualified} is outside the sample schema", category="sql_relation"
+        )
+    if node.schemaname is None and name in scope:
+        return
+    if name in policy.tables:
+        return
+    if name.startswith("pg_") or name.startswith("sql_") or name in {"information_schema"}:
+        raise ToolRefused(f"system table {qualified} is not allowed", category="sql_relation")
+    raise ToolError(
+        f"unknown table {qualified!r}; the tables are: {', '.join(sorted(policy.tables))}"
+    )
+
+
+def _check_function(names: Sequence[str], policy: SqlPolicy) -> None:
+    shown = ".".join(names)
+    if len(names) == 2 and names[0] == "pg_catalog":
+        names = names[1:]
+    if len(names) != 1 or names[0] not in policy.functions:
+        raise ToolRefused(
+            f"function {shown}() is not allowed (only aggregate, window, math, string and "
+            "date functions)",
+            category="sql_function",
+        )
+
+
+def _check_type(names: Sequence[str]) -> None:
+    shown = ".".join(names)
+    if len(names) == 2 and names[0] == "pg_catalog":
+        names = names[1:]
+    if len(names) != 1 or names[0] not in _ALLOWED_TYPES:
+        raise ToolRefused(f"cast to type {shown} is not allowed", category="sql_construct")
+
+
+def _check_column(node: ast.ColumnRef, walk: _Walk) -> None:
+    fields = node.fields or ()
+    if len(fields) < 2 or isinstance(fields[-1], ast.A_Star):
+        return
+    last = _sval(fields[-1])
+    # `t.f` may call a function f(t) ("attribute notation"): only known columns pass.
+    if last is None or last in walk.policy.columns or last in walk.defined:
+        return
+    shown = ".".join(s for s in (_sval(f) for f in fields) if s)
+    raise ToolError(f"unknown column {shown!r}")
+
+
+# -------------------------------------------------------------------- results
+
+
+def _json_value(value: Any) -> Any:
+    if value is None or isinstance(value, bool | int):
+        return value
+    if isinstance(value, float):
+        return value if math.isfinite(value) else str(value)
+    if isinstance(value, Decimal):
+        if not value.is_finite():
+            return str(value)
+        if value == value.to_integral_value():
+            return int(value)
+        as_float = float(value)
+        return as_float if Decimal(repr(as_float)) == value else str(value)
+    if isinstance(value, str):
+        return value if len(value) <= MAX_CELL_CHARS else value[:MAX_CELL_CHARS] + "…"
+    if isinstance(value, dt.datetime | dt.date | dt.time):
+        return value.isoformat()
+    if isinstance(value, dt.timedelta):
+        return str(value)
+    if isinstance(value, bytes | bytearray | memoryview):
+        return bytes(value)[: MAX_CELL_CHARS // 2].hex()
+    if isinstance(value, uuid.UUID):
+        return str(value)
+    if isinstance(value, list | tuple):
+        return [_json_value(v) for v in value[:MAX_CELL_CHARS]]
+    if isinstance(value, dict):
+        return {str(k): _json_value(v) for k, v in list(value.items())[:MAX_CELL_CHARS]}
+    text = str(value)
+    return text if len(text) <= MAX_CELL_CHARS else text[:MAX_CELL_CHARS] + "…"
+
+
+def _unique(names: Sequence[str]) -> list[str]:
+    seen: dict[str, int] = {}
+    out = []
+    for name in names:
+        count = seen.get(name, 0) + 1
+        seen[name] = count
+        out.append(name if count == 1 else f"{name}_{count}")
+    return out
+
+
+def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int) -> str:
+    """A single value as itself; otherwise JSON rows, marked when truncated."""
+    truncated = len(rows) > max_rows
+    rows = rows[:max_rows]
+    if len(rows) == 1 and len(columns) == 1 and not truncated:
+        value = _json_value(rows[0][0])
+        if isinstance(value, str):
+            return value
+        if isinstance(rows[0][0], Decimal) and rows[0][0].is_finite():
+            return format(rows[0][0].normalize(), "f")
+        return json.dumps(value, ensure_ascii=False)
+    keys = _unique(list(columns))
+    objects = [dict(zip(keys, (_json_value(v) for v in row), strict=False)) for row in rows]
+    while True:
+        if truncated:
+            text = json.dumps(
+                {"rows": objects, "truncated": True, "row_limit": max_rows}, ensure_ascii=False
+            )
+        else:
+            text = json.dumps(objects, ensure_ascii=False)
+        if len(text) <= MAX_OUTPUT_CHARS or not objects:
+            return text
+        objects = objects[: max(len(objects) * 3 // 4, len(objects) - 1, 0)]
+        truncated = True
+
+
+# ------------------------------------------------------------------ the seed
+
+
+def seed_sql() -> str:
+    return resources.files("orchestrator.data").joinpath("seed.sql").read_text("utf-8")
+
+
+def _ident(name: str) -> str:
+    if not _NAME_RE.fullmatch(name):
+        raise ValueError(f"not a plain lower-case SQL name: {name!r}")
+    return name
+
+
+async def init_database(
+    admin_dsn: str,
+    reader_password: str | None,
+    *,
+    reader_role: str = READER_ROLE,
+    schema: str = SCHEMA,
+) -> None:
+    """Create (or re-create) the sample schema, its data and the read-only role.
+
+    Idempotent: it converges to the shipped seed every time it runs (the schema is
+    dropped and re-created in one transaction), so running it twice is harmless. The
+    admin DSN needs a role that may create roles and schemas in the target database
+    (normally the database owner or a superuser). `reader_password` None leaves the
+    reader without a password (trust or peer authentication).
+    """
+    role, schema = _ident(reader_role), _ident(schema)
+    conn = await asyncpg.connect(admin_dsn, timeout=10)
+    try:
+        async with conn.transaction():
+            # Serialize concurrent runs against the same database.
+            await conn.execute("SELECT pg_advisory_xact_lock(hashtext('reason_data.init'))")
+            exists = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role)
+            if not exists:
+                await conn.execute(f"CREATE ROLE {role} LOGIN")
+            await conn.execute(
+                f"ALTER ROLE {role} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
+                f"NOREPLICATION NOBYPASSRLS CONNECTION LIMIT 32"
+            )
+            password_sql = await conn.fetchval(
+                "SELECT CASE WHEN $2::text IS NULL THEN format('ALTER ROLE %I PASSWORD NULL', $1::text)"
+                " ELSE format('ALTER ROLE %I PASSWORD %L', $1::text, $2::text) END",
+                role,
+                reader_password,
+            )
+            await conn.execute(password_sql)
+            for granted in await conn.fetch(
+                "SELECT roleid::regrole::text AS name FROM pg_auth_members "
+                "WHERE member = $1::regrole",
+                role,
+            ):
+                await conn.execute(f"REVOKE {granted['name']} FROM {role}")
+            for setting, value in (
+                ("default_transaction_read_only", "on"),
+                ("statement_timeout", f"{ROLE_STATEMENT_TIMEOUT_MS}ms"),
+                ("lock_timeout", f"{ROLE_LOCK_TIMEOUT_MS}ms"),
+                ("idle_in_transaction_session_timeout", f"{ROLE_IDLE_IN_TRANSACTION_MS}ms"),
+            ):
+                await conn.execute(f"ALTER ROLE {role} SET {setting} = '{value}'")
+            await conn.execute(f"ALTER ROLE {role} SET search_path = pg_catalog, {schema}, pg_temp")
+
+            await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
+            await conn.execute(f"CREATE SCHEMA {schema}")
+            await conn.execute(f"SET LOCAL search_path = {schema}")
+            await conn.execute(seed_sql())
+
+            database = _ident(await conn.fetchval("SELECT current_database()"))
+            for statement in (
+                f"REVOKE ALL ON SCHEMA {schema} FROM PUBLIC",
+                f"GRANT USAGE ON SCHEMA {schema} TO {role}",
+                f"GRANT SELECT ON ALL TABLES IN SCHEMA {schema} TO {role}",
+                f"ALTER DEFAULT PRIVILEGES IN SCHEMA {schema} GRANT SELECT ON TABLES TO {role}",
+                "REVOKE ALL ON SCHEMA public FROM PUBLIC",
+                f"REVOKE ALL ON SCHEMA public FROM {role}",
+                f"REVOKE TEMPORARY ON DATABASE {database} FROM PUBLIC",
+                f"GRANT CONNECT ON DATABASE {database} TO {role}",
+            ):
+                await conn.execute(statement)
+    finally:
+        await conn.close()
+    log.info("sql_seed_loaded", schema=schema, role=role)
+
+
+def _seed_digest() -> str:
+    return hashlib.sha256(seed_sql().encode()).hexdigest()
+
+
+def default_sqlite_path() -> Path:
+    return Path.home() / ".cache" / "reason-pipeline" / f"sample-{_seed_digest()[:12]}.sqlite3"
+
+
+def build_sqlite_database(path: Path) -> None:
+    """Write the sample database to `path` (atomically: a temporary file, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.unlink(missing_ok=True)
+    db = sqlite3.connect(tmp)
+    try:
+        db.executescript(seed_sql())
+        db.commit()
+    finally:
+        db.close()
+    os.replace(tmp, path)
+
+
+# ----------------------------------------------------------------- the tool
+
+
+class SqlTool:
+    """The `sql` tool over PostgreSQL (when a DSN is given) or the shipped SQLite data."""
+
+    def __init__(
+        self,
+        dsn: str | None,
+        sqlite_path: Path | None,
+        *,
+        statement_timeout_ms: int = 2000,
+        lock_timeout_ms: int = 500,
+        max_rows: int = 200,
+        pool_size: int = 4,
+        schema: str = SCHEMA,
+    ) -> None:
+        if statement_timeout_ms <= 0 or lock_timeout_ms <= 0 or max_rows <= 0 or pool_size <= 0:
+            raise ValueError("timeouts, max_rows and pool_size must be positive")
+        self._dsn = dsn
+        self._sqlite_path = sqlite_path
+        self.statement_timeout_ms = statement_timeout_ms
+        self.lock_timeout_ms = lock_timeout_ms
+        self.max_rows = max_rows
+        self.pool_size = pool_size
+        self.schema = _ident(schema)
+        self.backend = "postgres" if dsn else "sqlite"
+        self.policy: SqlPolicy | None = None
+        self._pool: asyncpg.Pool | None = None
+        self._ready = asyncio.Lock()
+        self._last_failure = 0.0
+        self._sqlite_slots = asyncio.Semaphore(pool_size)
+
+    # ---- lifecycle
+
+    async def start(self) -> None:
+        """Open the pool (or the SQLite file) and read the schema; a database that is
+        down is logged and retried on the next call, never a startup failure."""
+        try:
+            await self._ensure_ready()
+        except ToolError as exc:
+            log.warning("sql_unavailable", backend=self.backend, error=str(exc))
+
+    async def close(self) -> None:
+        if self._pool is not None:
+            pool, self._pool = self._pool, None
+            await pool.close()
+
+    async def _ensure_ready(self) -> SqlPolicy:
+        if self.policy is not None:
+            return self.policy
+        async with self._ready:
+            if self.policy is not None:
+                return self.policy
+            if time.monotonic() - self._last_failure < _RECONNECT_BACKOFF_S:
+                raise ToolError("database unavailable; retrying shortly")
+            try:
+                if self._dsn:
+                    self.policy = await self._start_postgres(self._dsn)
+                else:
+                    self.policy = await asyncio.to_thread(self._start_sqlite)
+            except (OSError, asyncpg.PostgresError, sqlite3.Error, TimeoutError) as exc:
+                self._last_failure = time.monotonic()
+                raise ToolError(f"database unavailable: {type(exc).__name__}: {exc}") from exc
+            log.info("sql_ready", backend=self.backend, tables=sorted(self.policy.tables))
+            return self.policy
+
+    async def _start_postgres(self, dsn: str) -> SqlPolicy:
+        pool = await asyncpg.create_pool(
+            dsn,
+            min_size=1,
+            max_size=self.pool_size,
+            timeout=5,  # connect timeout, s
+            command_timeout=self.statement_timeout_ms / 1000 + 1,
+            max_inactive_connection_lifetime=60,
+            reset=_reset_connection,
+            server_settings={"application_name": "reason-sql-tool"},
+        )
+        try:
+            async with pool.acquire() as conn:
+                rows = await conn.fetch(
+                    "SELECT table_name, column_name FROM information_schema.columns "
+                    "WHERE table_schema = $1",
+                    self.schema,
+                )
+        except BaseException:
+            await pool.close()
+            raise
+        if not rows:
+            await pool.close()
+            raise OSError(f"schema {self.schema} has no readable tables; run `reason db init`")
+        self._pool = pool
+        return SqlPolicy(
+            tables=frozenset(r["table_name"] for r in rows),
+            columns=frozenset(r["column_name"] for r in rows),
+            functions=PG_FUNCTIONS,
+            schema=self.schema,
+        )
+
+    def _start_sqlite(self) -> SqlPolicy:
+        path = self._sqlite_path or default_sqlite_path()
+        if not path.exists():
+            build_sqlite_database(path)
+        self._sqlite_path = path
+        db = self._open_sqlite(authorize=False)
+        try:
+            tables = [
+                r[0]
+                for r in db.execute(
+                    "SELECT name FROM sqlite_master WHERE type = 'table' "
+                    "AND name NOT LIKE 'sqlite_%'"
+                )
+            ]
+            columns = {c[1] for t in tables for c in db.execute(f'PRAGMA table_info("{t}")')}
+        finally:
+            db.close()
+        if not tables:
+            raise sqlite3.DatabaseError(f"{path} holds no tables")
+        return SqlPolicy(
+            tables=frozenset(tables),
+            columns=frozenset(columns),
+            functions=SQLITE_FUNCTIONS,
+            schema=self.schema,
+        )
+
+    def describe(self) -> str:
+        """The tables the tool answers from, for prompts and `reason` commands."""
+        if self.policy is None:
+            return SPEC["description"]
+        return f"{self.backend} tables: " + ", ".join(sorted(self.policy.tables))
+
+    # ---- calls
+
+    async def __call__(self, input: str, ctx: ToolContext) -> str:
+        policy = await self._ensure_ready()
+        query = input.strip().rstrip(";").strip()
+        if not query:
+            raise ToolError("empty query; send one SELECT statement")
+        checked = check_query(query, policy)
+        budget_ms = int(min(self.statement_timeout_ms, max(ctx.timeout_s * 1000 - 50, 50)))
+        started = time.perf_counter()
+        if self.backend == "postgres":
+            columns, rows = await self._run_postgres(checked, budget_ms)
+        else:
+            async with self._sqlite_slots:
+                columns, rows = await asyncio.to_thread(self._run_sqlite, query, budget_ms)
+        log.info(
+            "sql_query",
+            backend=self.backend,
+            rows=min(len(rows), self.max_rows),
+            truncated=len(rows) > self.max_rows,
+            duration_ms=round((time.perf_counter() - started) * 1000, 2),
+        )
+        return render_rows(columns, rows, self.max_rows)
+
+    async def _run_postgres(self, sql: str, budget_ms: int) -> tuple[list[str], list[Any]]:
+        pool = self._pool
+        if pool is None:
+            raise ToolError("database unavailable")
+        try:
+            async with pool.acquire(timeout=budget_ms / 1000) as conn:
+                async with conn.transaction(readonly=True):
+                    await conn.execute(
+                        "SELECT set_config('statement_timeout', $1, true), "
+                        "set_config('lock_timeout', $2, true), "
+                        "set_config('search_path', $3, true), "
+                        "set_config('standard_conforming_strings', 'on', true), "
+                        "set_config('work_mem', $4, true)",
+                        f"{budget_ms}ms",
+                        f"{self.lock_timeout_ms}ms",
+                        f"pg_catalog, {self.schema}, pg_temp",
+                        WORK_MEM,
+                    )
+                    stmt = await conn.prepare(sql)
+                    columns = [a.name for a in stmt.get_attributes()]
+                    cursor = await stmt.cursor()
+                    rows = await cursor.fetch(self.max_rows + 1)
+            return columns, list(rows)
+        except asyncpg.QueryCanceledError as exc:
+            raise ToolError(f"query stopped: it ran past the {budget_ms} ms time limit") from exc
+        except asyncpg.LockNotAvailableError as exc:
+            raise ToolError("query stopped: it waited too long for a lock") from exc
+        except asyncpg.InsufficientPrivilegeError as exc:
+            raise ToolRefused(f"permission denied: {exc}", category="sql_permission") from exc
+        except asyncpg.ReadOnlySQLTransactionError as exc:
+            raise ToolRefused(f"read-only: {exc}", category="sql_write") from exc
+        except asyncpg.PostgresError as exc:
+            raise ToolError(f"query failed: {exc}") from exc
+        except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
+            raise ToolError(f"database unavailable: {type(exc).__name__}") from exc
+
+    def _open_sqlite(self, *, authorize: bool = True) -> sqlite3.Connection:
+        assert self._sqlite_path is not None
+        uri = f"file:{quote(str(self._sqlite_path.resolve()))}?mode=ro"
+        db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
+        db.execute("PRAGMA query_only = ON")
+        db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
+        db.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_QUERY_CHARS * 2)
+        db.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
+        db.setlimit(sqlite3.SQLITE_LIMIT_EXPR_DEPTH, MAX_TREE_DEPTH)
+        db.setlimit(sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 50)
+        if authorize:
+            assert self.policy is not None
+            db.set_authorizer(_sqlite_authorizer(self.policy))
+        return db
+
+    def _run_sqlite(self, sql: str, budget_ms: int) -> tuple[list[str], list[Any]]:
+        deadline = time.monotonic() + budget_ms / 1000
+        db = self._open_sqlite()
+        db.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+        try:
+            cursor = db.execute(sql)
+            columns = [d[0] for d in cursor.description or ()]
+            rows = cursor.fetchmany(self.max_rows + 1)
+            return columns, rows
+        except sqlite3.ProgrammingError as exc:
+            if "one statement" in str(exc):
+                raise ToolRefused(str(exc), category="sql_multi_statement") from exc
+            raise ToolError(f"query failed: {exc}") from exc
+        except sqlite3.OperationalError as exc:
+            message = str(exc)
+            if "interrupted" in message:
+                raise ToolError(
+                    f"query stopped: it ran past the {budget_ms} ms time limit"
+                ) from exc
+            if "not authorized" in message or "prohibited" in message:
+                raise ToolRefused(
+                    f"permission denied: {message}", category="sql_permission"
+                ) from exc
+            if "readonly" in message or "read-only" in message:
+                raise ToolRefused(f"read-only: {message}", category="sql_write") from exc
+            raise ToolError(f"query failed: {message}") from exc
+        except sqlite3.DatabaseError as exc:
+            message = str(exc)
+            if "not authorized" in message:
+                raise ToolRefused(
+                    f"permission denied: {message}", category="sql_permission"
+                ) from exc
+            raise ToolError(f"query failed: {message}") from exc
+        finally:
+            db.close()
+
+
+async def _reset_connection(conn: asyncpg.Connection) -> None:
+    """asyncpg's reset plus what it leaves out of DISCARD ALL (its prepared statements
+    stay: they are the driver's cache, not session state a query can set)."""
+    await conn.reset()
+    await conn.execute("RESET ROLE; DISCARD TEMP; DISCARD SEQUENCES")
+
+
+def _sqlite_authorizer(policy: SqlPolicy) -> Any:
+    allowed_tables = policy.tables
+    allowed_functions = policy.functions
+
+    def authorize(
+        action: int, arg1: str | None, arg2: str | None, dbname: str | None, source: str | None
+    ) -> int:
+        if action == sqlite3.SQLITE_SELECT:
+            return sqlite3.SQLITE_OK
+        if action == sqlite3.SQLITE_READ:
+            ok = arg1 in allowed_tables and dbname == "main"
+            return sqlite3.SQLITE_OK if ok else sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_FUNCTION:
+            ok = (arg2 or "").lower() in allowed_functions
+            return sqlite3.SQLITE_OK if ok else sqlite3.SQLITE_DENY
+        if action == sqlite3.SQLITE_RECURSIVE:
+            return sqlite3.SQLITE_OK  # bounded by the progress handler's deadline
+        return sqlite3.SQLITE_DENY
+
+    return authorize
