@@ -400,15 +400,24 @@ def _child_main(job: dict, write_fd: int, layers: dict) -> None:
     )
 
 
-def _confine_child(job_dir: str, write_fd: int, layers: dict, worker_pid: int) -> int:
-    """Apply every layer to the freshly forked child; return the new result-pipe fd."""
+def _confine_child(
+    job_dir: str, result_fd: int, job_fd: int, layers: dict, worker_pid: int
+) -> None:
+    """Apply every layer to the freshly forked child.
+
+    Afterwards fd 3 is the result pipe (write end), fd 4 the job pipe (read end), fds 0-2
+    are /dev/null and no other fd is open.
+    """
     os.setpgid(0, 0)
     devnull = os.open("/dev/null", os.O_RDWR)
+    # Move the pipes above the range they end up in, so dup2 never clobbers one.
+    result_fd, job_fd = os.dup(result_fd), os.dup(job_fd)
+    result_fd, job_fd = os.dup2(result_fd, 1000), os.dup2(job_fd, 1001)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
-    os.dup2(write_fd, 3)
-    os.closerange(4, 1 << 16)
-    write_fd = 3
+    os.dup2(result_fd, 3)
+    os.dup2(job_fd, 4)
+    os.closerange(5, 1 << 16)
     os.chdir(job_dir)
     if layers["chroot"]:
         os.chroot(job_dir)
@@ -435,7 +444,6 @@ def _confine_child(job_dir: str, write_fd: int, layers: dict, worker_pid: int) -
         _install_landlock(layers["landlock"], layers["block_sockets"])
     if layers["seccomp"]:
         _install_seccomp(layers["block_sockets"])
-    return write_fd
 
 
 def _fd_is_pipe(fd: int) -> bool:
@@ -452,38 +460,111 @@ def _send(message: dict) -> None:
     sys.stdout.buffer.flush()
 
 
-def _run_job(job: dict, layers: dict, worker_pid: int) -> dict:
-    """Fork one child for the job, watch it, and return the 'done' message."""
-    job_dir = tempfile.mkdtemp(prefix="job-", dir=CONFIG["tmp_root"])
-    read_fd, write_fd = os.pipe()
+class _Spare:
+    """A child forked and confined ahead of its job, blocked reading the job from fd 4."""
+
+    __slots__ = ("job_dir", "job_w", "pid", "pidfd", "result_r")
+
+    def __init__(self, pid: int, pidfd: int, job_w: int, result_r: int, job_dir: str) -> None:
+        self.pid, self.pidfd, self.job_w, self.result_r, self.job_dir = (
+            pid,
+            pidfd,
+            job_w,
+            result_r,
+            job_dir,
+        )
+
+    def dead(self) -> bool:
+        return bool(select.select([self.pidfd], [], [], 0)[0])
+
+
+def _read_job(fd: int) -> dict | None:
+    data = bytearray()
+    while chunk := os.read(fd, 1 << 16):
+        data += chunk
+    os.close(fd)
+    return json.loads(data) if data else None
+
+
+def _prefork(layers: dict, worker_pid: int) -> _Spare:
+    """Fork the child for the next job and confine it before it sees any job data.
+
+    Taking the fork and the confinement off the job's path is what keeps a call cheap;
+    every child still runs exactly one job, so nothing persists between jobs.
+    """
+    job_dir = tempfile.mkdtemp(prefix=f"job-{worker_pid}-", dir=CONFIG["tmp_root"])
+    job_r, job_w = os.pipe()
+    result_r, result_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
         try:
-            os.close(read_fd)
-            fd = _confine_child(job_dir, write_fd, layers, worker_pid)
+            os.close(job_w)
+            os.close(result_r)
+            _confine_child(job_dir, result_w, job_r, layers, worker_pid)
         except BaseException as exc:
             try:
-                # The pipe is fd 3 once the confinement has moved it there.
-                target = 3 if _fd_is_pipe(3) else write_fd
+                # The result pipe is fd 3 once the confinement has moved it there.
+                target = 3 if _fd_is_pipe(3) else result_w
                 os.write(target, json.dumps({"setup_error": repr(exc)}).encode())
             finally:
                 os._exit(71)
-        if job.get("probe"):
-            os.write(fd, b'{"status": "ok", "result": null, "stdout": "", "error": null}')
+        try:
+            job = _read_job(4)
+        except BaseException:
+            os._exit(73)
+        if job is None:  # the worker is shutting down
             os._exit(0)
-        _child_main(job, fd, layers)
+        if job.get("probe"):
+            os.write(3, b'{"status": "ok", "result": null, "stdout": "", "error": null}')
+            os._exit(0)
+        _child_main(job, 3, layers)
         os._exit(72)
-    # the worker
-    os.close(write_fd)
+    os.close(job_r)
+    os.close(result_w)
     try:
         os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
     except OSError:
         pass
+    return _Spare(pid, os.pidfd_open(pid), job_w, result_r, job_dir)
+
+
+def _discard_spare(spare: _Spare) -> None:
+    try:
+        os.killpg(spare.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    os.waitpid(spare.pid, 0)
+    for fd in (spare.pidfd, spare.job_w, spare.result_r):
+        try:
+            os.close(fd)
+        except OSError:
+            pass
+    _remove_dir(spare.job_dir)
+
+
+def _remove_dir(path: str) -> None:
+    try:
+        os.rmdir(path)  # the child cannot create anything in it
+    except OSError:
+        shutil.rmtree(path, ignore_errors=True)
+
+
+def _run_job(job: dict, spare: _Spare) -> dict:
+    """Hand the job to the spare child, watch it, and return the 'done' message."""
+    pid, pidfd, read_fd = spare.pid, spare.pidfd, spare.result_r
     if not job.get("probe"):
         _send({"event": "started", "pid": pid})
     deadline = time.monotonic() + float(job.get("timeout_s", 1.0)) + 0.05
+    try:
+        payload = json.dumps(job).encode()
+        view = memoryview(payload)
+        while view:
+            view = view[os.write(spare.job_w, view) :]
+    except BrokenPipeError:
+        pass  # the child is gone; the loop below sees it exit
+    finally:
+        os.close(spare.job_w)
     cap = 16 * int(CONFIG["max_output_chars"]) + 65536
-    pidfd = os.pidfd_open(pid)
     data = bytearray()
     killed_for = None
     eof = exited = False
@@ -527,7 +608,7 @@ def _run_job(job: dict, layers: dict, worker_pid: int) -> dict:
         _, wait_status = os.waitpid(pid, 0)
         os.close(pidfd)
         os.close(read_fd)
-        shutil.rmtree(job_dir, ignore_errors=True)
+        _remove_dir(spare.job_dir)
     return _report(data, wait_status, killed_for)
 
 
@@ -546,7 +627,7 @@ def _report(data: bytes | bytearray, wait_status: int, killed_for: str | None) -
         if sig in (signal.SIGXCPU, signal.SIGKILL):
             return base | {
                 "status": "timeout",
-                "error": f"killed by {signal.Signals(sig).name} (CPU limit)",
+                "error": f"killed by {signal.Signals(sig).name} (CPU or wall-clock limit)",
                 "category": "timeout",
             }
         return base | {
@@ -605,38 +686,50 @@ def _setup_worker() -> dict:
 def main() -> None:
     layers = _setup_worker()
     worker_pid = os.getpid()
+
+    def probe(candidate: dict) -> dict:
+        return _run_job({"probe": True, "timeout_s": 5.0}, _prefork(candidate, worker_pid))
+
     # Probe each optional per-child layer on its own, keep those the host allows, then
     # probe the kept set together. What was dropped, and why, goes to the service's log.
-    optional = ("landlock", "seccomp", "chroot", "setuid")
     baseline = dict(layers, landlock=0, seccomp=False, chroot=False, setuid=False)
     dropped = {}
-    for name in optional:
+    for name in ("landlock", "seccomp", "chroot", "setuid"):
         if not layers[name]:
             continue
-        probe = _run_job(
-            {"probe": True, "timeout_s": 5.0}, baseline | {name: layers[name]}, worker_pid
-        )
-        if probe["status"] != "ok":
+        outcome = probe(baseline | {name: layers[name]})
+        if outcome["status"] != "ok":
             layers[name] = 0 if name == "landlock" else False
-            dropped[name] = probe.get("error")
-    probe = _run_job({"probe": True, "timeout_s": 5.0}, layers, worker_pid)
-    if probe["status"] != "ok":
-        _send({"event": "failed", "error": probe.get("error"), "layers": layers})
+            dropped[name] = outcome.get("error")
+    outcome = probe(layers)
+    if outcome["status"] != "ok":
+        _send({"event": "failed", "error": outcome.get("error"), "layers": layers})
         return
     gc.collect()
     gc.freeze()
+    spare: _Spare | None = _prefork(layers, worker_pid)
     _send({"event": "ready", "pid": worker_pid, "layers": layers, "dropped": dropped})
     stdin = sys.stdin.buffer
-    while True:
-        line = stdin.readline()
-        if not line:
-            return
-        try:
-            job = json.loads(line)
-        except ValueError:
-            _send({"event": "done", "status": "error", "error": "bad job", "category": "crash"})
-            continue
-        _send(_run_job(job, layers, worker_pid))
+    try:
+        while True:
+            line = stdin.readline()
+            if not line:
+                return
+            try:
+                job = json.loads(line)
+            except ValueError:
+                _send({"event": "done", "status": "error", "error": "bad job", "category": "crash"})
+                continue
+            if spare is None or spare.dead():
+                if spare is not None:
+                    _discard_spare(spare)
+                spare = _prefork(layers, worker_pid)
+            used, spare = spare, None
+            _send(_run_job(job, used))
+            spare = _prefork(layers, worker_pid)
+    finally:
+        if spare is not None:
+            _discard_spare(spare)
 
 
 if __name__ == "__main__":

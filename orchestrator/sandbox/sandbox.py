@@ -16,6 +16,7 @@ import contextlib
 import json
 import keyword
 import os
+import shutil
 import signal
 import sys
 import tempfile
@@ -38,7 +39,7 @@ _WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 _KILL_GRACE_S = 2.0
 _START_TIMEOUT_S = 30.0
 # Categories of errors that are ordinary mistakes of the code, not containment events.
-_QUIET_CATEGORIES = frozenset({None, "syntax_error"})
+_QUIET_CATEGORIES = frozenset({None, "syntax_error", "closed"})
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -200,8 +201,9 @@ class Sandbox:
         for task in list(self._spawning):
             with contextlib.suppress(BaseException):
                 await task
-        for worker in list(self._workers):
-            await self._discard(worker)
+        await asyncio.gather(
+            *(self._discard(worker, graceful=True) for worker in list(self._workers))
+        )
         self._started = False
 
     async def __aenter__(self) -> Sandbox:
@@ -284,13 +286,31 @@ class Sandbox:
             # file the service's user can read. Writes stay blocked (RLIMIT_FSIZE, seccomp).
             log.warning("sandbox_filesystem_readable", layers=layers)
 
-    async def _discard(self, worker: _Worker) -> None:
+    async def _discard(self, worker: _Worker, *, graceful: bool = False) -> None:
+        """Stop a worker and everything under it, and remove its job directories.
+
+        Graceful: kill the job in flight, close the worker's stdin so that it discards
+        its spare child and exits, and kill it only if it does not within a second.
+        """
         self._workers.discard(worker)
+        worker.kill_job()
+        if graceful and worker.alive and worker.proc.stdin is not None:
+            worker.proc.stdin.close()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.proc.wait(), timeout=1.0)
         worker.kill()
-        with contextlib.suppress(ProcessLookupError):
+        with contextlib.suppress(ProcessLookupError, TimeoutError):
             await asyncio.wait_for(worker.proc.wait(), timeout=5.0)
         if worker.proc.stdin is not None:
             worker.proc.stdin.close()
+        # A killed worker cannot remove the directories of its children; they are named
+        # after it (job-<worker pid>-...), and its children die with it (PDEATHSIG).
+        self._remove_job_dirs(worker.proc.pid)
+
+    def _remove_job_dirs(self, worker_pid: int) -> None:
+        root = Path(self._tmp_root or tempfile.gettempdir())
+        for leftover in root.glob(f"job-{worker_pid}-*"):
+            shutil.rmtree(leftover, ignore_errors=True)
 
     def _replace(self, worker: _Worker) -> None:
         """Kill a broken worker and start another in the background."""
@@ -423,6 +443,8 @@ class Sandbox:
                 self._idle.put_nowait(worker)
             else:
                 self._replace(worker)
+        if self._closed:
+            return SandboxResult("error", error="the sandbox was closed", category="closed")
         if timed_out:
             return SandboxResult("timeout", error="wall-clock timeout", category="timeout")
         reported = message.get("status")

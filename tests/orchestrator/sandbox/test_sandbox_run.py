@@ -209,7 +209,7 @@ async def test_close_leaves_nothing_behind(tmp_path: Path) -> None:
     await asyncio.sleep(0.3)
     await sb.close()
     outcome = await asyncio.wait_for(slow, 5.0)
-    assert outcome.status == "error" and outcome.category == "crash", outcome
+    assert outcome.status == "error" and outcome.category == "closed", outcome
     for pid in pids:
         assert _proc_state(pid) == "gone"
     with pytest.raises(SandboxUnavailableError):
