@@ -139,9 +139,10 @@ def check_model_dir(directory: Path, target: Target) -> dict[str, Any]:
             f"{directory}: model_type {config.get('model_type')!r}, expected one of "
             f"{', '.join(target.model_types)}"
         )
-    quant = config.get("quantization_config")
+    raw_quant = config.get("quantization_config")
+    quant: dict[str, Any] = raw_quant if isinstance(raw_quant, dict) else {}
     if target.quantized:
-        method = quant.get("quant_method") if isinstance(quant, dict) else None
+        method = quant.get("quant_method")
         if method == "awq":
             if quant.get("bits") != 4:
                 raise PrepareError(f"{directory}: AWQ with {quant.get('bits')} bits, expected 4")
