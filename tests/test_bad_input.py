@@ -96,9 +96,9 @@ def test_reason_rejects_invalid_bodies_with_the_field_named(stack: Stack, body, 
     assert err["error"]["param"] == param
 
 
-@pytest.mark.parametrize("body", [[], "question", 1, None, True])
-def test_non_object_bodies_are_rejected(stack: Stack, body) -> None:
-    r = httpx.post(f"{stack.url('orchestrator')}/reason", json=body)
+@pytest.mark.parametrize("body", ["[]", '"question"', "1", "null", "true", "{}"])
+def test_non_object_bodies_are_rejected(stack: Stack, body: str) -> None:
+    r = post_raw(stack, "orchestrator", body)
     assert r.status_code in (400, 422)
     assert_error(r, r.status_code)
 
