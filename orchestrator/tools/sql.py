@@ -644,6 +644,7 @@ class SqlTool:
         self._ready = asyncio.Lock()
         self._last_failure = 0.0
         self._sqlite_slots = asyncio.Semaphore(pool_size)
+        self._sqlite_other_tables: frozenset[str] = frozenset()
 
     # ---- lifecycle
 
@@ -718,6 +719,7 @@ class SqlTool:
         self._sqlite_path = path
         db = self._open_sqlite(authorize=False)
         try:
+            names = [r[0] for r in db.execute("SELECT name FROM sqlite_master")]
             tables = [
                 r[0]
                 for r in db.execute(
@@ -725,6 +727,7 @@ class SqlTool:
                     "AND name NOT LIKE 'sqlite_%'"
                 )
             ]
+            self._sqlite_other_tables = frozenset(n.lower() for n in names) - set(tables)
             columns = {c[1] for t in tables for c in db.execute(f'PRAGMA table_info("{t}")')}
         finally:
             db.close()
@@ -815,7 +818,7 @@ class SqlTool:
         db.setlimit(sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 50)
         if authorize:
             assert self.policy is not None
-            db.set_authorizer(_sqlite_authorizer(self.policy))
+            db.set_authorizer(_sqlite_authorizer(self.policy, self._sqlite_other_tables))
         return db
 
     def _run_sqlite(self, sql: str, budget_ms: int) -> tuple[list[str], list[Any]]:
@@ -862,7 +865,8 @@ async def _reset_connection(conn: asyncpg.Connection) -> None:
     await conn.execute("RESET ROLE; DISCARD TEMP; DISCARD SEQUENCES")
 
 
-def _sqlite_authorizer(policy: SqlPolicy) -> Any:
+def _sqlite_authorizer(policy: SqlPolicy, other_tables: frozenset[str]) -> Any:
+    """Allow SELECT, reads of the sample tables (and of CTEs), and allowed functions."""
     allowed_tables = policy.tables
     allowed_functions = policy.functions
 
@@ -872,7 +876,19 @@ def _sqlite_authorizer(policy: SqlPolicy) -> Any:
         if action == sqlite3.SQLITE_SELECT:
             return sqlite3.SQLITE_OK
         if action == sqlite3.SQLITE_READ:
-            ok = arg1 in allowed_tables and dbname == "main"
+            # dbname is "main" for a column of a table, None for `count(*)` on a table
+            # and for a CTE's own rows (then arg1 is the CTE's name).
+            table = arg1 or ""
+            if dbname == "main":
+                ok = table in allowed_tables
+            else:
+                ok = dbname is None and (
+                    table in allowed_tables
+                    or (
+                        table.lower() not in other_tables
+                        and not table.lower().startswith("sqlite_")
+                    )
+                )
             return sqlite3.SQLITE_OK if ok else sqlite3.SQLITE_DENY
         if action == sqlite3.SQLITE_FUNCTION:
             ok = (arg2 or "").lower() in allowed_functions
