@@ -150,13 +150,18 @@ def _check(ret: int, what: str) -> None:
         raise OSError(err, f"{what}: {os.strerror(err)}")
 
 
-_PROGRAMS: dict[bool, bytes] = {}
+# Filters assembled once in the worker (buffer, sock_fprog), installed in every child.
+_PROGRAMS: dict[bool, tuple[ctypes.Array, _SockFprog]] = {}
+
+
+def _prepare_seccomp(block_sockets: bool) -> tuple[ctypes.Array, _SockFprog]:
+    program = _bpf_program(block_sockets)
+    buf = ctypes.create_string_buffer(program, len(program))
+    return buf, _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
 
 
 def _install_seccomp(block_sockets: bool) -> None:
-    program = _PROGRAMS.get(block_sockets) or _bpf_program(block_sockets)
-    buf = ctypes.create_string_buffer(program, len(program))
-    fprog = _SockFprog(len(program) // 8, ctypes.cast(buf, ctypes.c_void_p))
+    _buf, fprog = _PROGRAMS.get(block_sockets) or _prepare_seccomp(block_sockets)
     _check(
         _libc.prctl(PR_SET_SECCOMP, SECCOMP_MODE_FILTER, ctypes.byref(fprog), 0, 0),
         "seccomp",
@@ -671,8 +676,8 @@ def _setup_worker() -> dict:
     root = os.geteuid() == 0
     seccomp_ok = platform.machine() == "x86_64"
     if seccomp_ok:  # assembled once here, installed in every child
-        _PROGRAMS[True] = _bpf_program(True)
-        _PROGRAMS[False] = _bpf_program(False)
+        _PROGRAMS[True] = _prepare_seccomp(True)
+        _PROGRAMS[False] = _prepare_seccomp(False)
     return {
         "netns": netns,
         "chroot": root,
