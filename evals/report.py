@@ -1,0 +1,236 @@
+"""Summaries of result lines: accuracy, plan validity, latency, cache, calibration, plots.
+
+Grouped by (dataset, mode). Accuracy counts every item of the group (an item whose
+request failed is wrong). Latency percentiles are over items without an error. The
+verifier's calibration is measured on pipeline claims: items whose answer the verifier
+judged (verdict `verified` or `rejected`), its confidence taken as the probability that
+the answer is right, against whether it was right.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+from dataclasses import asdict, dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from evals.extract import TOLERANCE
+from evals.routing import routing_analysis, routing_markdown
+from evals.stats import (
+    ECE_BINS,
+    CalibrationBin,
+    calibration_bins,
+    expected_calibration_error,
+    percentile,
+    wilson_interval,
+)
+
+STAGES = ("plan", "execute", "verify", "total")
+MODE_ORDER = ("direct", "plan", "plan+verify", "plan+verify+sc5")
+
+
+@dataclass
+class GroupSummary:
+    dataset: str
+    mode: str
+    models: list[str]
+    n: int
+    correct: int
+    accuracy: float
+    ci95: tuple[float, float]
+    errors: int
+    schema_valid: float | None  # share of items with a plan (pipeline modes)
+    latency_ms: dict[str, dict[str, float]]  # stage -> {"p50", "p95", "n"}
+    cache_hit_rate: float | None
+    judged: int = 0  # items the verifier gave a verdict on
+    ece: float | None = None
+    calibration: list[CalibrationBin] = field(default_factory=list)
+
+
+def _mode_rank(mode: str) -> tuple[int, str]:
+    return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
+
+
+def summarize(records: list[dict[str, Any]]) -> list[GroupSummary]:
+    groups: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in records:
+        groups.setdefault((str(r.get("dataset", "")), str(r["mode"])), []).append(r)
+    out = []
+    for (dataset, mode), rows in sorted(
+        groups.items(), key=lambda kv: (kv[0][0], _mode_rank(kv[0][1]))
+    ):
+        n = len(rows)
+        correct = sum(bool(r["correct"]) for r in rows)
+        ok = [r for r in rows if r.get("error") is None]
+        latency: dict[str, dict[str, float]] = {}
+        for stage in STAGES:
+            values = [
+                float(v) for r in ok if (v := (r.get("latency_ms") or {}).get(stage)) is not None
+            ]
+            if values:
+                latency[stage] = {
+                    "p50": percentile(values, 50),
+                    "p95": percentile(values, 95),
+                    "n": len(values),
+                }
+        pipeline = [r for r in rows if r.get("schema_valid") is not None]
+        judged = [
+            r
+            for r in rows
+            if r.get("verdict") in ("verified", "rejected") and r.get("confidence") is not None
+        ]
+        summary = GroupSummary(
+            dataset=dataset,
+            mode=mode,
+            models=sorted({str(r.get("model")) for r in rows}),
+            n=n,
+            correct=correct,
+            accuracy=correct / n,
+            ci95=wilson_interval(correct, n),
+            errors=n - len(ok),
+            schema_valid=(
+                sum(bool(r["schema_valid"]) for r in pipeline) / len(pipeline) if pipeline else None
+            ),
+            latency_ms=latency,
+            cache_hit_rate=(
+                sum(bool(r.get("cached")) for r in pipeline) / len(pipeline) if pipeline else None
+            ),
+            judged=len(judged),
+        )
+        if judged:
+            conf = [float(r["confidence"]) for r in judged]
+            right = [bool(r["correct"]) for r in judged]
+            summary.ece = expected_calibration_error(conf, right, ECE_BINS)
+            summary.calibration = calibration_bins(conf, right, ECE_BINS)
+        out.append(summary)
+    return out
+
+
+# --------------------------------------------------------------------------- markdown
+
+
+def _pct(x: float | None) -> str:
+    return "—" if x is None else f"{100 * x:.1f}%"
+
+
+def _lat(s: GroupSummary, stage: str) -> str:
+    v = s.latency_ms.get(stage)
+    return "—" if v is None else f"{v['p50']:.0f} / {v['p95']:.0f}"
+
+
+def summary_table(summaries: list[GroupSummary]) -> str:
+    lines = [
+        "| dataset | mode | n | accuracy [95% CI] | errors | schema-valid plans | "
+        "plan ms P50/P95 | execute ms P50/P95 | verify ms P50/P95 | total ms P50/P95 | "
+        "cache hits | judged | ECE (15 bins) |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for s in summaries:
+        lo, hi = s.ci95
+        lines.append(
+            f"| {s.dataset} | {s.mode} | {s.n} | {100 * s.accuracy:.1f}% "
+            f"[{100 * lo:.1f}, {100 * hi:.1f}] | {s.errors} | {_pct(s.schema_valid)} | "
+            f"{_lat(s, 'plan')} | {_lat(s, 'execute')} | {_lat(s, 'verify')} | "
+            f"{_lat(s, 'total')} | {_pct(s.cache_hit_rate)} | {s.judged} | "
+            f"{'—' if s.ece is None else f'{s.ece:.3f}'} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def machine_description() -> str:
+    cpu = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{platform.system()} {platform.release()}, {cpu}, {os.cpu_count()} CPUs visible"
+
+
+def render_markdown(
+    summaries: list[GroupSummary],
+    records: list[dict[str, Any]],
+    inputs: list[Path],
+    plots: dict[str, str],
+) -> str:
+    now = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    models = sorted({m for s in summaries for m in s.models})
+    parts = [
+        "# Evaluation report\n",
+        f"Generated {now} by `reason eval report` on {machine_description()}.\n",
+        "Inputs: " + ", ".join(f"`{p}`" for p in inputs) + "\n",
+        "Models: " + ", ".join(f"`{m}`" for m in models) + "\n",
+        "Scoring: the last number in the answer text (commas removed) against the gold "
+        f"answer, correct when within {TOLERANCE:g} (relative above 1); the same rule for "
+        "every mode. Failed requests count as wrong. Accuracy intervals are Wilson 95%.\n",
+        "## Results\n",
+        summary_table(summaries),
+    ]
+    if plots.get("accuracy_latency"):
+        parts.append(f"![accuracy against latency]({plots['accuracy_latency']})\n")
+    calibrated = [s for s in summaries if s.calibration]
+    if calibrated:
+        parts.append("## Verifier calibration\n")
+        parts.append(
+            "Confidence of the verifier in the pipeline's final answer against whether the "
+            f"answer was right, {ECE_BINS} equal-width bins; ECE weights each bin's gap by its "
+            "share of judged items.\n"
+        )
+        for s in calibrated:
+            cells = [
+                f"{b.lo:.2f}–{b.hi:.2f}: n={b.count}, conf {b.mean_confidence:.2f}, acc {b.accuracy:.2f}"
+                for b in s.calibration
+                if b.count and b.mean_confidence is not None and b.accuracy is not None
+            ]
+            parts.append(f"- {s.dataset} / {s.mode} (ECE {s.ece:.3f}): " + "; ".join(cells))
+        parts.append("")
+        if plots.get("reliability"):
+            parts.append(f"![reliability diagram]({plots['reliability']})\n")
+    parts.append("## Routing\n")
+    parts.append(routing_markdown(routing_analysis(records)))
+    return "\n".join(parts)
+
+
+def write_report(
+    inputs: list[Path], out_dir: Path, records: list[dict[str, Any]]
+) -> dict[str, Path]:
+    """Write report.md, summary.json and the PNG plots into out_dir; return their paths."""
+    from evals.plots import plot_accuracy_latency, plot_reliability
+
+    if not records:
+        raise ValueError("no result lines in " + ", ".join(map(str, inputs)))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    summaries = summarize(records)
+    written: dict[str, Path] = {}
+    acc_png = out_dir / "accuracy_latency.png"
+    if plot_accuracy_latency(summaries, acc_png):
+        written["accuracy_latency"] = acc_png
+    rel_png = out_dir / "reliability.png"
+    if plot_reliability(summaries, rel_png):
+        written["reliability"] = rel_png
+    md = render_markdown(summaries, records, inputs, {k: p.name for k, p in written.items()})
+    md_path = out_dir / "report.md"
+    md_path.write_text(md, encoding="utf-8")
+    written["markdown"] = md_path
+    json_path = out_dir / "summary.json"
+    json_path.write_text(
+        json.dumps(
+            {
+                "generated": datetime.now(UTC).isoformat(timespec="seconds"),
+                "machine": machine_description(),
+                "inputs": [str(p) for p in inputs],
+                "groups": [asdict(s) for s in summaries],
+                "routing": [r.as_dict() for r in routing_analysis(records)],
+            },
+            indent=2,
+        )
+        + "\n",
+        encoding="utf-8",
+    )
+    written["json"] = json_path
+    return written

@@ -1,0 +1,183 @@
+"""Items in, one line per item out, resumable after an interruption, bounded concurrency."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from evals.data import (
+    DataError,
+    Item,
+    ResultWriter,
+    dataset_name,
+    iter_results,
+    load_items,
+    load_results,
+)
+from evals.harness import run_items
+from evals.modes import EvalAborted, base_record, score
+
+pytestmark = pytest.mark.unit
+
+
+def write_items(path: Path, n: int) -> list[Item]:
+    rows = [
+        {"id": f"q{i}", "question": f"What is {i} + {i}?", "answer": str(2 * i)} for i in range(n)
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return load_items(path)
+
+
+class FakeRunner:
+    """Answers right on even items; can fail, stall or abort on chosen items."""
+
+    def __init__(
+        self,
+        *,
+        fail_on: set[str] | None = None,
+        abort_on: set[str] | None = None,
+        delay_s: float = 0.0,
+    ) -> None:
+        self.fail_on = fail_on or set()
+        self.abort_on = abort_on or set()
+        self.delay_s = delay_s
+        self.seen: list[str] = []
+        self.in_flight = 0
+        self.max_in_flight = 0
+
+    async def __call__(self, item: Item) -> dict[str, Any]:
+        self.in_flight += 1
+        self.max_in_flight = max(self.max_in_flight, self.in_flight)
+        try:
+            await asyncio.sleep(self.delay_s)
+            if item.id in self.abort_on:
+                raise EvalAborted("service went away")
+            if item.id in self.fail_on:
+                raise RuntimeError("boom")
+            self.seen.append(item.id)
+            record = base_record(item, dataset="toy", mode="plan", model="fake")
+            index = int(item.id[1:])
+            score(record, f"The answer is {item.gold if index % 2 == 0 else -1}", item.gold)
+            return record
+        finally:
+            self.in_flight -= 1
+
+
+async def test_every_item_gets_exactly_one_line(tmp_path: Path) -> None:
+    items = write_items(tmp_path / "items.jsonl", 10)
+    out = tmp_path / "results.jsonl"
+    runner = FakeRunner(delay_s=0.01)
+    summary = await run_items(
+        items, runner, out, dataset="toy", mode="plan", concurrency=3, show_progress=False
+    )
+    lines = out.read_text().splitlines()
+    assert len(lines) == 10
+    ids = [json.loads(line)["id"] for line in lines]
+    assert sorted(ids) == sorted(it.id for it in items)
+    assert summary.ran == 10 and summary.correct == 5 and summary.errors == 0
+    assert 1 < runner.max_in_flight <= 3
+    assert all(json.loads(line)["finished_at"] for line in lines)
+
+
+async def test_interrupt_then_rerun_resumes_without_duplicates(tmp_path: Path) -> None:
+    items = write_items(tmp_path / "items.jsonl", 12)
+    out = tmp_path / "results.jsonl"
+    # First run: the service vanishes at q7; items already finished stay on disk.
+    with pytest.raises(EvalAborted):
+        await run_items(
+            items,
+            FakeRunner(abort_on={"q7"}),
+            out,
+            dataset="toy",
+            mode="plan",
+            concurrency=1,
+            show_progress=False,
+        )
+    first = [r["id"] for r in iter_results(out)]
+    assert first == [f"q{i}" for i in range(7)]
+    # Simulate a kill in the middle of a write: a torn last line.
+    with out.open("a") as f:
+        f.write('{"id": "q7", "mode": "plan", "corr')
+    second = FakeRunner()
+    summary = await run_items(
+        items, second, out, dataset="toy", mode="plan", concurrency=2, show_progress=False
+    )
+    assert summary.skipped == 7 and summary.ran == 5
+    assert sorted(second.seen) == sorted(f"q{i}" for i in range(7, 12))
+    ids = [r["id"] for r in iter_results(out)]
+    assert sorted(ids) == sorted(it.id for it in items)  # each id once, torn line ignored
+    # A third run has nothing left to do.
+    third = FakeRunner()
+    summary = await run_items(items, third, out, dataset="toy", mode="plan", show_progress=False)
+    assert summary.ran == 0 and summary.skipped == 12 and third.seen == []
+
+
+async def test_other_modes_and_datasets_in_the_same_file_are_not_skipped(tmp_path: Path) -> None:
+    items = write_items(tmp_path / "items.jsonl", 3)
+    out = tmp_path / "results.jsonl"
+    await run_items(items, FakeRunner(), out, dataset="toy", mode="plan", show_progress=False)
+    summary = await run_items(
+        items, FakeRunner(), out, dataset="toy", mode="plan+verify", show_progress=False
+    )
+    assert summary.ran == 3
+
+
+async def test_item_failure_is_recorded_and_retried_on_request(tmp_path: Path) -> None:
+    items = write_items(tmp_path / "items.jsonl", 4)
+    out = tmp_path / "results.jsonl"
+    summary = await run_items(
+        items, FakeRunner(fail_on={"q2"}), out, dataset="toy", mode="plan", show_progress=False
+    )
+    assert summary.errors == 1
+    failed = [r for r in iter_results(out) if r["error"]]
+    assert [r["id"] for r in failed] == ["q2"]
+    assert failed[0]["error"] == "RuntimeError: boom" and failed[0]["correct"] is False
+    # A plain rerun keeps the failure; --retry-errors runs only that item again.
+    assert (
+        await run_items(items, FakeRunner(), out, dataset="toy", mode="plan", show_progress=False)
+    ).ran == 0
+    retry = FakeRunner()
+    summary = await run_items(
+        items, retry, out, dataset="toy", mode="plan", retry_errors=True, show_progress=False
+    )
+    assert retry.seen == ["q2"] and summary.errors == 0
+    latest = {r["id"]: r for r in load_results([out])}
+    assert len(latest) == 4 and latest["q2"]["error"] is None  # the last line wins
+
+
+def test_load_items_offset_limit_and_validation(tmp_path: Path) -> None:
+    path = tmp_path / "items.jsonl"
+    write_items(path, 10)
+    assert [it.id for it in load_items(path, offset=3, limit=2)] == ["q3", "q4"]
+    assert [it.id for it in load_items(path, offset=8)] == ["q8", "q9"]
+    assert load_items(path, limit=0) == []
+    item = load_items(path, limit=1)[0]
+    assert item.gold == 0 and item.gold_text == "0"
+    path.write_text(
+        '{"id": "a", "question": "x?", "answer": "1"}\n{"id": "a", "question": "y?", "answer": "2"}\n'
+    )
+    with pytest.raises(DataError, match="duplicate id"):
+        load_items(path)
+    path.write_text('{"id": "a", "question": "x?", "answer": "many"}\n')
+    with pytest.raises(DataError, match="not a number"):
+        load_items(path)
+    path.write_text('{"id": "a", "answer": "1"}\n')
+    with pytest.raises(DataError, match=":1: not an item line"):
+        load_items(path)
+
+
+def test_dataset_names() -> None:
+    assert dataset_name(Path("../shared/datasets/gsm8k/test.norm.jsonl")) == "gsm8k-test"
+    assert dataset_name(Path("../shared/datasets/svamp/svamp.norm.jsonl")) == "svamp"
+
+
+def test_writer_starts_a_fresh_line_after_a_torn_one(tmp_path: Path) -> None:
+    out = tmp_path / "r.jsonl"
+    out.write_text('{"id": "a", "mode": "plan"}\n{"id": "b", "mo')
+    with ResultWriter(out) as w:
+        w.write({"id": "c", "mode": "plan"})
+    assert [r["id"] for r in iter_results(out)] == ["a", "c"]
