@@ -40,21 +40,27 @@ SELECT NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'role') AS create_rol
 \if :create_role
   CREATE ROLE :"role" LOGIN;
 \endif
-ALTER ROLE :"role" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOREPLICATION NOBYPASSRLS
-    CONNECTION LIMIT 50 PASSWORD :'pw';
+-- The same role the SQL tool's own init_database (orchestrator/tools/sql.py) creates.
+ALTER ROLE :"role" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION
+    NOBYPASSRLS CONNECTION LIMIT 32 PASSWORD :'pw';
+-- Member of no role.
+SELECT format('REVOKE %I FROM %I', roleid::regrole::text, :'role')
+    FROM pg_auth_members WHERE member = (SELECT oid FROM pg_roles WHERE rolname = :'role') \gexec
 -- Every session of the role is read-only and bounded, whatever the client asks for.
 ALTER ROLE :"role" SET default_transaction_read_only = on;
-ALTER ROLE :"role" SET statement_timeout = '2s';
-ALTER ROLE :"role" SET idle_in_transaction_session_timeout = '5s';
-ALTER ROLE :"role" SET search_path = :"schema";
+ALTER ROLE :"role" SET statement_timeout = '5000ms';
+ALTER ROLE :"role" SET lock_timeout = '1000ms';
+ALTER ROLE :"role" SET idle_in_transaction_session_timeout = '10000ms';
+ALTER ROLE :"role" SET search_path = pg_catalog, :"schema", pg_temp;
 
-REVOKE ALL ON SCHEMA public FROM PUBLIC;
-REVOKE CREATE ON SCHEMA :"schema" FROM PUBLIC;
-REVOKE ALL ON ALL TABLES IN SCHEMA :"schema" FROM :"role";
+REVOKE ALL ON SCHEMA :"schema" FROM PUBLIC;
 GRANT USAGE ON SCHEMA :"schema" TO :"role";
 GRANT SELECT ON ALL TABLES IN SCHEMA :"schema" TO :"role";
 ALTER DEFAULT PRIVILEGES IN SCHEMA :"schema" GRANT SELECT ON TABLES TO :"role";
+REVOKE ALL ON SCHEMA public FROM PUBLIC;
+REVOKE ALL ON SCHEMA public FROM :"role";
 SELECT current_database() AS db \gset
 REVOKE TEMPORARY ON DATABASE :"db" FROM PUBLIC;
+GRANT CONNECT ON DATABASE :"db" TO :"role";
 SQL
 echo "10-reason-data: $role can read schema $schema"

@@ -499,7 +499,16 @@ def test_postgres_init_loads_the_seed_and_makes_a_read_only_role() -> None:
             == "1"
         )
         settings = psql("-c", f"select rolconfig from pg_roles where rolname='{role}'").stdout
-        assert "default_transaction_read_only=on" in settings and "statement_timeout=2s" in settings
+        assert "default_transaction_read_only=on" in settings
+        assert "statement_timeout=5000ms" in settings and "lock_timeout=1000ms" in settings
+        # a role membership granted later is taken away by the next run
+        psql("-c", f"GRANT pg_read_all_data TO {role}")
+        out = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=60)
+        assert out.returncode == 0, out.stderr
+        members = psql(
+            "-c", f"select count(*) from pg_auth_members where member = '{role}'::regrole"
+        )
+        assert members.stdout.strip() == "0"
     finally:
         psql("-c", f"DROP DATABASE IF EXISTS {db}", check=False)
         psql("-c", f"DROP ROLE IF EXISTS {role}", check=False)
