@@ -224,6 +224,9 @@ _SAFE_BUILTIN_NAMES = (
 ).split()
 
 
+_HIDDEN = frozenset(CONFIG["hidden_names"])
+
+
 def _module_view(module: types.ModuleType) -> types.ModuleType:
     """A copy of an allowed module without private names and without other modules.
 
@@ -231,7 +234,7 @@ def _module_view(module: types.ModuleType) -> types.ModuleType:
     """
     view = types.ModuleType(module.__name__)
     for attr, value in vars(module).items():
-        if attr.startswith("_") or isinstance(value, types.ModuleType):
+        if attr.startswith("_") or isinstance(value, types.ModuleType) or attr in _HIDDEN:
             continue
         setattr(view, attr, value)
     return view
@@ -642,7 +645,7 @@ def _report(data: bytes | bytearray, wait_status: int, killed_for: str | None) -
         }
     try:
         payload = json.loads(data.decode("utf-8", "replace")) if data else None
-    except ValueError:
+    except (ValueError, RecursionError):
         payload = None
     if not isinstance(payload, dict) or "status" not in payload:
         code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None

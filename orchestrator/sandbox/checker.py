@@ -75,7 +75,16 @@ BANNED_NAMES: frozenset[str] = frozenset(
         "license",
         "attrgetter",
         "methodcaller",
+        "update_wrapper",
+        "wraps",
     }
+)
+
+# Functions of allowed modules that read or write attributes named by a string
+# (getattr/setattr in disguise). Refused as names and attributes, and left out of the
+# module copies that the worker hands to the code.
+REFLECTIVE_FUNCTIONS: frozenset[str] = frozenset(
+    {"attrgetter", "methodcaller", "update_wrapper", "wraps"}
 )
 
 # Attribute names refused everywhere (in addition to anything starting with "_").
@@ -85,6 +94,8 @@ BANNED_ATTRIBUTES: frozenset[str] = frozenset(
         "mro",
         "attrgetter",
         "methodcaller",
+        "update_wrapper",
+        "wraps",
         "with_traceback",
         "func_globals",
         "func_code",

@@ -27,7 +27,12 @@ from typing import Any, Literal
 
 import structlog
 
-from orchestrator.sandbox.checker import ALLOWED_MODULES, SourceSyntaxError, check_source
+from orchestrator.sandbox.checker import (
+    ALLOWED_MODULES,
+    REFLECTIVE_FUNCTIONS,
+    SourceSyntaxError,
+    check_source,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -38,6 +43,7 @@ _WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 # Time a worker gets to report after its job was killed before it is replaced.
 _KILL_GRACE_S = 2.0
 _START_TIMEOUT_S = 30.0
+_MAX_ERROR_CHARS = 2000
 # Categories of errors that are ordinary mistakes of the code, not containment events.
 _QUIET_CATEGORIES = frozenset({None, "syntax_error", "closed"})
 
@@ -221,6 +227,7 @@ class Sandbox:
             "max_output_chars": self.settings.max_output_chars,
             "network_isolation": self.settings.network_isolation,
             "allowed_modules": sorted(ALLOWED_MODULES),
+            "hidden_names": sorted(REFLECTIVE_FUNCTIONS),
             "preload": list(self._preload),
             "restricted": self._ast_check,
             "tmp_root": self._tmp_root or tempfile.gettempdir(),
@@ -449,13 +456,21 @@ class Sandbox:
             return SandboxResult("timeout", error="wall-clock timeout", category="timeout")
         reported = message.get("status")
         status: Status = reported if reported in ("ok", "error", "timeout") else "error"
-        return SandboxResult(
-            status=status,
-            result=message.get("result") if status == "ok" else None,
-            stdout=str(message.get("stdout") or "")[: self.settings.max_output_chars],
-            error=message.get("error"),
-            category=message.get("category"),
-        )
+        stdout = str(message.get("stdout") or "")[: self.settings.max_output_chars]
+        error = message.get("error")
+        error = None if error is None else str(error)[:_MAX_ERROR_CHARS]
+        category = message.get("category")
+        category = None if category is None else str(category)[:40]
+        result = message.get("result") if status == "ok" else None
+        if status == "ok" and len(json.dumps(result)) > self.settings.max_output_chars:
+            # The child checks this too; this holds even for a child that lies.
+            return SandboxResult(
+                "error",
+                stdout=stdout,
+                error="result exceeds the output cap",
+                category="output_limit",
+            )
+        return SandboxResult(status, result, stdout, error, category)
 
 
 def _valid_value_name(name: object) -> bool:

@@ -251,6 +251,14 @@ async def test_raw_output_flood_contained(
         raw_sandbox, "import os\nwhile True:\n    os.write(3, b'x' * 65536)", timeout_s=3.0
     )
     assert outcome.status == "error" and outcome.category == "output_limit", outcome
+    # A forged result larger than the cap, written before the child's own checks run.
+    forged = (
+        "import os, json\n"
+        "os.write(3, json.dumps({'status': 'ok', 'result': ['x' * 1000] * 50}).encode())\n"
+        "os._exit(0)"
+    )
+    outcome = await _run(raw_sandbox, forged)
+    assert outcome.status == "error" and outcome.category == "output_limit", outcome
     # Forged garbage on the result pipe is reported as a crash, not parsed as a result.
     outcome = await _run(raw_sandbox, "import os\nos.write(3, b'not json')\nos._exit(0)")
     assert outcome.status == "error" and outcome.category == "crash", outcome

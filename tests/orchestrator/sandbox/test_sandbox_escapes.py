@@ -83,6 +83,12 @@ ATTEMPTS: dict[str, Attempt] = {
         "import operator\noperator.attrgetter('__class__')(1)", "banned_attribute"
     ),
     "from_operator_attrgetter": refused("from operator import attrgetter", "banned_name"),
+    "functools_update_wrapper": refused(
+        "import functools\nf = functools.partial(len)\n"
+        "functools.update_wrapper(f, len, assigned=('__self__',), updated=())",
+        "banned_attribute",
+    ),
+    "from_functools_wraps": refused("from functools import wraps", "banned_name"),
     "star_import": refused("from math import *", "banned_import"),
     "submodule_import": refused("import collections.abc", "banned_import"),
     "dunder_import": refused("__import__('os')", "dunder_access"),
