@@ -77,6 +77,7 @@ ROLE_IDLE_IN_TRANSACTION_MS = 10_000
 _RECONNECT_BACKOFF_S = 5.0
 # Memory a sort or hash may use before spilling to disk, per call.
 WORK_MEM = "32MB"
+MAX_ROW_CHARS = 20_000  # one result row as JSON text; longer rows are refused
 
 SPEC: dict[str, Any] = {
     "name": "sql",
@@ -357,7 +358,8 @@ def _visit(node: Any, scope: frozenset[str], walk: _Walk, depth: int) -> None:
     elif isinstance(node, ast.A_Indirection):
         # `(t).f` is attribute notation too: only known or query-defined names pass.
         for name in _names(node.indirection):
-            if name not in walk.policy.columns and name not in walk.defined:
+            known = walk.policy.columns | walk.defined | walk.policy.functions
+            if name not in known:
                 raise ToolError(f"unknown column {name!r}")
     elif isinstance(node, ast.A_Expr):
         names = _names(node.name)
@@ -429,8 +431,11 @@ def _check_column(node: ast.ColumnRef, walk: _Walk) -> None:
     if len(fields) < 2 or isinstance(fields[-1], ast.A_Star):
         return
     last = _sval(fields[-1])
-    # `t.f` may call a function f(t) ("attribute notation"): only known columns pass.
+    # `t.f` may call a function f(t) ("attribute notation"): only known columns, names
+    # the query defines, and functions that may be called anyway pass.
     if last is None or last in walk.policy.columns or last in walk.defined:
+        return
+    if last in walk.policy.functions:
         return
     shown = ".".join(s for s in (_sval(f) for f in fields) if s)
     raise ToolError(f"unknown column {shown!r}")
@@ -477,6 +482,35 @@ def _unique(names: Sequence[str]) -> list[str]:
         seen[name] = count
         out.append(name if count == 1 else f"{name}_{count}")
     return out
+
+
+def _json_rows(texts: Sequence[str]) -> tuple[list[str], list[list[Any]]]:
+    """Rows sent as `row_to_json` text -> column names and values (numbers exact)."""
+    columns: list[str] = []
+    rows: list[list[Any]] = []
+    for text in texts:
+        if len(text) > MAX_ROW_CHARS:
+            raise ToolError(
+                f"a result row is longer than {MAX_ROW_CHARS} characters; select fewer or "
+                "shorter columns"
+            )
+        pairs = json.loads(text, parse_float=Decimal, object_pairs_hook=_Pairs)
+        if not columns:
+            columns = _unique([key for key, _ in pairs])
+        rows.append([_plain(value) for _, value in pairs])
+    return columns, rows
+
+
+class _Pairs(list[tuple[str, Any]]):
+    """A JSON object as its key-value pairs, duplicates kept."""
+
+
+def _plain(value: Any) -> Any:
+    if isinstance(value, _Pairs):
+        return {str(k): _plain(v) for k, v in value}
+    if isinstance(value, list):
+        return [_plain(v) for v in value]
+    return value
 
 
 def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int) -> str:
@@ -774,25 +808,30 @@ class SqlTool:
         pool = self._pool
         if pool is None:
             raise ToolError("database unavailable")
+        # Each row comes back as one JSON text, cut server-side, so that no result can
+        # flood this process however large the values the query builds.
+        wrapped = f"SELECT left(row_to_json(q)::text, {MAX_ROW_CHARS + 1}) FROM ({sql}) AS q"
         try:
-            async with pool.acquire(timeout=budget_ms / 1000) as conn:
-                async with conn.transaction(readonly=True):
-                    await conn.execute(
-                        "SELECT set_config('statement_timeout', $1, true), "
-                        "set_config('lock_timeout', $2, true), "
-                        "set_config('search_path', $3, true), "
-                        "set_config('standard_conforming_strings', 'on', true), "
-                        "set_config('work_mem', $4, true)",
-                        f"{budget_ms}ms",
-                        f"{self.lock_timeout_ms}ms",
-                        f"pg_catalog, {self.schema}, pg_temp",
-                        WORK_MEM,
-                    )
-                    stmt = await conn.prepare(sql)
-                    columns = [a.name for a in stmt.get_attributes()]
-                    cursor = await stmt.cursor()
-                    rows = await cursor.fetch(self.max_rows + 1)
-            return columns, list(rows)
+            conn = await pool.acquire(timeout=budget_ms / 1000)
+        except TimeoutError as exc:
+            raise ToolError(f"database busy: no free connection within {budget_ms} ms") from exc
+        except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            raise ToolError(f"database unavailable: {type(exc).__name__}") from exc
+        try:
+            async with conn.transaction(readonly=True):
+                await conn.execute(
+                    "SELECT set_config('statement_timeout', $1, true), "
+                    "set_config('lock_timeout', $2, true), "
+                    "set_config('search_path', $3, true), "
+                    "set_config('standard_conforming_strings', 'on', true), "
+                    "set_config('work_mem', $4, true)",
+                    f"{budget_ms}ms",
+                    f"{self.lock_timeout_ms}ms",
+                    f"pg_catalog, {self.schema}, pg_temp",
+                    WORK_MEM,
+                )
+                cursor = await conn.cursor(wrapped)
+                texts = await cursor.fetch(self.max_rows + 1)
         except asyncpg.QueryCanceledError as exc:
             raise ToolError(f"query stopped: it ran past the {budget_ms} ms time limit") from exc
         except asyncpg.LockNotAvailableError as exc:
@@ -805,6 +844,9 @@ class SqlTool:
             raise ToolError(f"query failed: {exc}") from exc
         except (OSError, asyncpg.InterfaceError, TimeoutError) as exc:
             raise ToolError(f"database unavailable: {type(exc).__name__}") from exc
+        finally:
+            await pool.release(conn)
+        return _json_rows([record[0] for record in texts])
 
     def _open_sqlite(self, *, authorize: bool = True) -> sqlite3.Connection:
         assert self._sqlite_path is not None

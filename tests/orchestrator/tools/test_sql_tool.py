@@ -187,9 +187,10 @@ def test_parser_refuses(case: tuple[str, str]) -> None:
 @pytest.mark.parametrize(
     "sql",
     [
-        "SELECT c.row_to_json FROM countries c",
-        "SELECT (c).row_to_json FROM countries c",
         "SELECT c.pg_read_file FROM countries c",
+        "SELECT (c).pg_read_file FROM countries c",
+        "SELECT c.query_to_xml FROM countries c",
+        "SELECT c.pg_sleep FROM countries c",
     ],
 )
 def test_function_through_attribute_notation_is_refused(sql: str) -> None:
@@ -221,6 +222,8 @@ def test_function_through_attribute_notation_is_refused(sql: str) -> None:
         "SELECT $$; DROP TABLE countries; $$",
         "SELECT current_setting('statement_timeout')",
         "SELECT * FROM countries, (WITH pg_authid AS (SELECT 1 AS x) SELECT x FROM pg_authid) q",
+        "SELECT q.count FROM (SELECT count(*) FROM orders) q",
+        "SELECT c.row_to_json FROM countries c",
     ],
 )
 def test_parser_allows_plain_queries(sql: str) -> None:
@@ -268,6 +271,8 @@ def test_render_rows() -> None:
     assert render_rows(["x"], [(None,)], 200) == "null"
     assert render_rows(["a", "a"], [(1, 2)], 200) == '[{"a": 1, "a_2": 2}]'
     assert render_rows(["a"], [], 200) == "[]"
+    assert render_rows(["j"], [({"k": [1, {"x": None}]},)], 200) == '{"k": [1, {"x": null}]}'
+
     out = json.loads(render_rows(["a"], [(i,) for i in range(5)], 3))
     assert out == {"rows": [{"a": 0}, {"a": 1}, {"a": 2}], "truncated": True, "row_limit": 3}
     big = render_rows(["s"], [("x" * 900,) for _ in range(100)], 200)
@@ -374,6 +379,36 @@ async def test_postgres_answers(pg_tool: SqlTool) -> None:
     assert len(rows) == 48 and set(rows[0]) == {
         "id", "customer", "country", "product_id", "quantity", "order_date", "status"
     }  # fmt: skip
+
+
+@pytest.mark.integration
+async def test_postgres_values_are_exact_and_columns_kept(pg_tool: SqlTool) -> None:
+    assert await pg_tool("SELECT 0.1 + 0.2", _ctx()) == "0.3"
+    assert await pg_tool("SELECT 1 AS a, 2 AS a", _ctx()) == '[{"a": 1, "a_2": 2}]'
+    assert json.loads(
+        await pg_tool(
+            "SELECT name, hire_date FROM employees WHERE id = 1 UNION ALL "
+            "SELECT name, hire_date FROM employees WHERE id = 2",
+            _ctx(),
+        )
+    ) == [
+        {"name": "Amara Okafor", "hire_date": "2015-03-02"},
+        {"name": "Lars Nilsson", "hire_date": "2016-07-11"},
+    ]
+
+
+@pytest.mark.integration
+@pytest.mark.security
+@pytest.mark.parametrize(
+    "sql",
+    [
+        "SELECT string_agg(name, ',') FROM countries, generate_series(1, 2000)",
+        "SELECT array_agg(x) FROM generate_series(1, 50000) AS g(x)",
+    ],
+)
+async def test_postgres_huge_values_are_cut_on_the_server(pg_tool: SqlTool, sql: str) -> None:
+    with pytest.raises(ToolError, match="longer than 20000 characters"):
+        await pg_tool(sql, _ctx())
 
 
 @pytest.mark.integration
@@ -548,6 +583,34 @@ async def test_init_database_is_idempotent(sample_db: SampleDatabase) -> None:
     before = await _fingerprint(sample_db)
     await init_database(sample_db.admin_dsn, None, reader_role=sample_db.role)
     assert await _fingerprint(sample_db) == before
+
+
+@pytest.mark.integration
+@pytest.mark.security
+async def test_reader_password_is_set_and_cleared(sample_db: SampleDatabase) -> None:
+    async def password() -> str | None:
+        conn = await _connect(sample_db.admin_dsn)
+        try:
+            return await conn.fetchval(
+                "SELECT rolpassword FROM pg_authid WHERE rolname = $1", sample_db.role
+            )
+        finally:
+            await conn.close()
+
+    await init_database(
+        sample_db.admin_dsn, "s3cret'; DROP ROLE postgres; --", reader_role=sample_db.role
+    )
+    stored = await password()
+    assert stored is not None and stored.startswith("SCRAM-SHA-256$")
+    await init_database(sample_db.admin_dsn, None, reader_role=sample_db.role)
+    assert await password() is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("name", ["Reader", "a-b", "x; DROP ROLE postgres", "", "a" * 64])
+async def test_init_database_refuses_odd_names(name: str) -> None:
+    with pytest.raises(ValueError, match="plain lower-case SQL name"):
+        await init_database("postgresql://unused@127.0.0.1:1/none", None, reader_role=name)
 
 
 @pytest.mark.integration
