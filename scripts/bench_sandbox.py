@@ -8,6 +8,8 @@ Measures, for `1 + 1`:
 - fresh_python_c: `python -c "print(1 + 1)"` spawned per call (site imported), the
   naive way to isolate code in a process;
 - fresh_python_isolated: the same with `-I -S` (no site), the cheapest fresh spawn.
+Also reports the CPU time per call of all processes involved (`cpu_ms_per_call`), which
+unlike the latency does not depend on how busy the machine is.
 Prints a table, then one JSON object with the figures as its last line.
 """
 
@@ -18,6 +20,7 @@ import asyncio
 import json
 import os
 import platform
+import resource
 import statistics
 import sys
 import time
@@ -32,6 +35,8 @@ TARGET_P50_MS = 10.0
 
 
 def summarize(samples_ms: list[float]) -> dict[str, float]:
+    if not samples_ms:
+        return {"n": 0}
     ordered = sorted(samples_ms)
 
     def pct(p: float) -> float:
@@ -47,26 +52,48 @@ def summarize(samples_ms: list[float]) -> dict[str, float]:
     }
 
 
-async def bench_pool(calls: int, workers: int) -> tuple[dict[str, float], dict[str, Any]]:
+def cpu_seconds() -> float:
+    """CPU time of this process and of every reaped descendant (workers, job children)."""
+    own = resource.getrusage(resource.RUSAGE_SELF)
+    reaped = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + reaped.ru_utime + reaped.ru_stime
+
+
+async def pool_session(calls: int, workers: int) -> tuple[list[float], dict[str, Any], float]:
+    """Start a pool, run `calls` calls after a warm-up, close it; return latencies and CPU."""
+    cpu_before = cpu_seconds()
     sandbox = Sandbox(SandboxSettings(workers=workers))
     await sandbox.start()
+    samples = []
     try:
         for _ in range(20):  # warm-up
             await sandbox.run("1 + 1", {}, 5.0)
-        samples = []
         for _ in range(calls):
             started = time.perf_counter()
             outcome = await sandbox.run("1 + 1", {}, 5.0)
             samples.append((time.perf_counter() - started) * 1000)
             if outcome.result != 2:
                 raise SystemExit(f"sandbox gave a wrong answer: {outcome}")
-        return summarize(samples), sandbox.layers
+        layers = sandbox.layers
     finally:
-        await sandbox.close()
+        await sandbox.close()  # reaps the workers, so their CPU time is counted
+    return samples, layers, cpu_seconds() - cpu_before
+
+
+async def bench_pool(calls: int, workers: int) -> tuple[dict[str, float], dict[str, Any]]:
+    samples, layers, cpu_with = await pool_session(calls, workers)
+    _, _, cpu_without = await pool_session(0, workers)
+    summary = summarize(samples)
+    # CPU time per call, all processes together (service side, worker, job child): the
+    # cost that does not depend on how busy the machine is. Linux accounts CPU time in
+    # ticks, so this is an average over the calls, not exact per call.
+    summary["cpu_ms_per_call"] = round(max(cpu_with - cpu_without, 0.0) / calls * 1000, 2)
+    return summary, layers
 
 
 async def bench_fresh(calls: int, flags: list[str]) -> dict[str, float]:
     samples = []
+    cpu_before = cpu_seconds()
     for _ in range(calls):
         started = time.perf_counter()
         proc = await asyncio.create_subprocess_exec(
@@ -81,13 +108,15 @@ async def bench_fresh(calls: int, flags: list[str]) -> dict[str, float]:
         samples.append((time.perf_counter() - started) * 1000)
         if out.strip() != b"2":
             raise SystemExit(f"fresh interpreter gave a wrong answer: {out!r}")
-    return summarize(samples)
+    summary = summarize(samples)
+    summary["cpu_ms_per_call"] = round((cpu_seconds() - cpu_before) / calls * 1000, 2)
+    return summary
 
 
 async def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--calls", type=int, default=300, help="sandbox calls measured")
-    parser.add_argument("--fresh-calls", type=int, default=60, help="fresh spawns measured")
+    parser.add_argument("--fresh-calls", type=int, default=40, help="fresh spawns measured")
     parser.add_argument("--workers", type=int, default=2, help="pre-started workers")
     args = parser.parse_args()
 
@@ -97,7 +126,10 @@ async def main() -> None:
     fresh_isolated = await bench_fresh(args.fresh_calls, ["-I", "-S"])
     load_after = os.getloadavg()
 
-    print(f"{'variant':<24}{'n':>6}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}{'mean ms':>10}")
+    print(
+        f"{'variant':<24}{'n':>6}{'p50 ms':>10}{'p90 ms':>10}{'p99 ms':>10}{'mean ms':>10}"
+        f"{'cpu ms':>10}"
+    )
     for name, row in (
         ("pool (Sandbox.run)", pool),
         ("fresh python -c", fresh),
@@ -105,7 +137,7 @@ async def main() -> None:
     ):
         print(
             f"{name:<24}{row['n']:>6}{row['p50_ms']:>10}{row['p90_ms']:>10}"
-            f"{row['p99_ms']:>10}{row['mean_ms']:>10}"
+            f"{row['p99_ms']:>10}{row['mean_ms']:>10}{row['cpu_ms_per_call']:>10}"
         )
     print(f"layers: {layers}")
     print(
