@@ -61,6 +61,7 @@ def make_stack(tmp: Path, **env: str) -> Stack:
         "ORCH_DATABASE_URL": "",
         "PLANNER_BACKEND": "scripted",
         "VERIFIER_BACKEND": "scripted",
+        "PLANNER_SCRIPT_PATH": str(REPO / "tests" / "data" / "plans.json"),
         "PLANNER_LOG_FORMAT": "json",
         "VERIFIER_LOG_FORMAT": "json",
         "ORCH_LOG_FORMAT": "json",

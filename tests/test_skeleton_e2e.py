@@ -168,3 +168,23 @@ def test_verifier_down_gives_unverified_answer(tmp_path) -> None:
         assert body["verdict"] == "unverified"
     finally:
         s.stop()
+
+
+def ask(stack: Stack, question: str) -> dict:
+    r = reason(stack, {"question": question, "options": {"use_cache": False}})
+    assert r.status_code == 200, r.text
+    return r.json()
+
+
+def test_values_flow_from_calc_into_the_python_sandbox(stack: Stack) -> None:
+    body = ask(stack, "chain through python")
+    assert [s["status"] for s in body["steps"]] == ["ok", "ok"]
+    assert body["answer"] == "43"
+
+
+def test_real_tools_answer_and_refuse(stack: Stack) -> None:
+    assert ask(stack, "how many countries are in the sample database?")["answer"]
+    assert ask(stack, "capital of France")["answer"] == "Paris"
+    for question in ("read a file", "drop a table"):
+        body = ask(stack, question)
+        assert body["answer"] is None and body["steps"][0]["status"] == "error"

@@ -9,6 +9,7 @@ is done), so a call finishes in well under a millisecond and needs no thread or 
 
 from __future__ import annotations
 
+from fractions import Fraction
 from typing import Any
 
 import structlog
@@ -53,7 +54,7 @@ def _step_number(value: Any) -> Number | None:
         return None
 
 
-async def calc(input: str, ctx: ToolContext) -> str:
+async def calc(input: str, ctx: ToolContext) -> int | float | str:
     expr = input.strip()
     names: dict[str, Number] = {}
     unusable: dict[str, Any] = {}
@@ -75,4 +76,17 @@ async def calc(input: str, ctx: ToolContext) -> str:
         raise ToolError(str(exc)) from exc
     except ArithError as exc:
         raise ToolError(str(exc)) from exc
-    return format_number(result)
+    return _json_number(result)
+
+
+def _json_number(value: Number) -> int | float | str:
+    """Later steps get the result as a number (python steps compute with it): integers as
+    int, terminating decimals as float. A non-terminating fraction stays exact text,
+    e.g. "0.3333333333 (1/3)", which calc itself reads back exactly."""
+    exact = value if isinstance(value, Fraction) else None
+    if exact is not None and exact.denominator == 1:
+        return int(exact)
+    text = format_number(value)
+    if exact is None or "(" in text:
+        return text if exact is not None else float(value)
+    return float(text)

@@ -13,17 +13,17 @@ pytestmark = pytest.mark.unit
 
 
 async def test_exact_decimal_sum() -> None:
-    assert await calc("0.1 + 0.2", ToolContext()) == "0.3"
+    assert await calc("0.1 + 0.2", ToolContext()) == 0.3
 
 
 async def test_percentages_and_fractions() -> None:
-    assert await calc("20% of 50", ToolContext()) == "10"
+    assert await calc("20% of 50", ToolContext()) == 10
     assert await calc("1/3", ToolContext()) == "0.3333333333 (1/3)"
-    assert await calc("(48 / 2) + 15% of 80", ToolContext()) == "36"
+    assert await calc("(48 / 2) + 15% of 80", ToolContext()) == 36
 
 
 async def test_spec_example_runs() -> None:
-    assert await calc(SPEC["example"], ToolContext()) == "36"
+    assert await calc(SPEC["example"], ToolContext()) == 36
 
 
 async def test_names_from_step_values() -> None:
@@ -36,11 +36,11 @@ async def test_names_from_step_values() -> None:
             "s5": 2.5,
         }
     )
-    assert await calc("s1 * 3", ctx) == "36"
-    assert await calc("s2 / s1", ctx) == "125"
-    assert await calc("s3 * 2", ctx) == "599584916"
-    assert await calc("s4 * 3", ctx) == "1"
-    assert await calc("s5 * 4", ctx) == "10"
+    assert await calc("s1 * 3", ctx) == 36
+    assert await calc("s2 / s1", ctx) == 125
+    assert await calc("s3 * 2", ctx) == 599584916
+    assert await calc("s4 * 3", ctx) == 1
+    assert await calc("s5 * 4", ctx) == 10
 
 
 async def test_non_numeric_step_value_is_named_in_the_error() -> None:
