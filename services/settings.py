@@ -102,7 +102,9 @@ class OrchestratorSettings(CommonSettings):
     io_tool_timeout_s: float = Field(default=0.8, gt=0)
     python_timeout_s: float = Field(default=5.0, gt=0)
     sandbox_workers: int = Field(default=2, ge=1, le=32)
-    sandbox_memory_mb: int = Field(default=256, ge=32)
+    sandbox_memory_mb: int = Field(default=256, ge=64)
+    # auto | netns | seccomp | none — see orchestrator/sandbox/README.md
+    sandbox_network_isolation: Literal["auto", "netns", "seccomp", "none"] = "auto"
 
     @field_validator("api_keys", mode="before")
     @classmethod

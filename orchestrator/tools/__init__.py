@@ -28,7 +28,11 @@ async def build_registry(
     from orchestrator.tools.sql import SqlTool
 
     sandbox = Sandbox(
-        SandboxSettings(workers=settings.sandbox_workers, memory_mb=settings.sandbox_memory_mb)
+        SandboxSettings(
+            workers=settings.sandbox_workers,
+            memory_mb=settings.sandbox_memory_mb,
+            network_isolation=settings.sandbox_network_isolation,
+        )
     )
     await sandbox.start()
     stack.push_async_callback(sandbox.close)
