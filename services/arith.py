@@ -495,7 +495,8 @@ def evaluate(expr: str, names: Mapping[str, Any] | None = None) -> Number:
 
     Returns a `Fraction`, or a `float` when an inexact operation (sqrt of a non-square,
     an irrational power, pi, e) was involved. `names` binds identifiers (e.g. step
-    results `s1`) to numbers; numeric strings are parsed with `parse_number`.
+    results `s1`) to numbers: numeric strings are parsed with `parse_number`, and floats
+    are read as the decimal they print as (0.1 is exactly 1/10).
     Raises `ArithError` (or its subclass `ArithLimitError`) with a readable message.
     """
     if not isinstance(expr, str):
@@ -524,7 +525,12 @@ def evaluate(expr: str, names: Mapping[str, Any] | None = None) -> Number:
         if not key.isidentifier():
             continue
         try:
-            bound[key] = _check_size(as_fraction(value))
+            number = as_fraction(value)
+            if isinstance(number, float):
+                # A float handed over by an earlier step means the decimal it prints
+                # as: 0.1 is 1/10, not the binary double nearest to it.
+                number = Fraction(repr(number))
+            bound[key] = _check_size(number)
         except ArithError:
             continue
     try:

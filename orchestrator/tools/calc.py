@@ -81,12 +81,16 @@ async def calc(input: str, ctx: ToolContext) -> int | float | str:
 
 def _json_number(value: Number) -> int | float | str:
     """Later steps get the result as a number (python steps compute with it): integers as
-    int, terminating decimals as float. A non-terminating fraction stays exact text,
-    e.g. "0.3333333333 (1/3)", which calc itself reads back exactly."""
-    exact = value if isinstance(value, Fraction) else None
-    if exact is not None and exact.denominator == 1:
-        return int(exact)
+    int, terminating decimals as float when the float prints as the same decimal (0.3,
+    12.5; a later calc step reads it back as exactly that decimal). Anything a float
+    would change stays exact text: "0.3333333333 (1/3)", "123456789.123456789"."""
+    if isinstance(value, float):
+        return value
+    if value.denominator == 1:
+        return int(value)
     text = format_number(value)
-    if exact is None or "(" in text:
-        return text if exact is not None else float(value)
-    return float(text)
+    if "(" not in text:
+        as_float = float(text)
+        if Fraction(repr(as_float)) == value:
+            return as_float
+    return text

@@ -94,7 +94,9 @@ def test_names_bind_step_results() -> None:
     assert evaluate("s1 * 3", names) == 36
     assert evaluate("s2 / s1", names) == 125
     assert evaluate("s3 * 4 + s4 * 3", names) == 2
-    assert evaluate("s5 * 2", names) == 5.0
+    assert evaluate("s5 * 2", names) == 5
+    # A float from an earlier step is the decimal it prints as.
+    assert evaluate("s1 + 0.2", {"s1": 0.1}) == Fraction(3, 10)
     with pytest.raises(UnknownName) as info:
         evaluate("s9 + 1", names)
     assert info.value.name == "s9"

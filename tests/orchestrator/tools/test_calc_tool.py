@@ -43,6 +43,19 @@ async def test_names_from_step_values() -> None:
     assert await calc("s5 * 4", ctx) == 10
 
 
+async def test_results_chain_exactly_between_steps() -> None:
+    s1 = await calc("0.1", ToolContext())
+    assert s1 == 0.1
+    assert await calc("s1 + 0.2", ToolContext(values={"s1": s1})) == 0.3
+    thirds = await calc("1/3", ToolContext())
+    assert await calc("s1 * 3", ToolContext(values={"s1": thirds})) == 1
+    # A decimal that a float would round stays exact text.
+    big = await calc("123456789.123456789 * 1", ToolContext())
+    assert big == "123456789.123456789"
+    assert await calc("s1 * 2", ToolContext(values={"s1": big})) == "246913578.246913578"
+    assert await calc("sqrt(2)", ToolContext()) == pytest.approx(1.4142135623730951)
+
+
 async def test_non_numeric_step_value_is_named_in_the_error() -> None:
     ctx = ToolContext(values={"s1": "Paris"})
     with pytest.raises(ToolError, match="s1 is not a number: 'Paris'"):
