@@ -44,6 +44,7 @@ import math
 import os
 import re
 import sqlite3
+import tempfile
 import time
 import uuid
 from collections.abc import Iterable, Sequence
@@ -747,8 +748,17 @@ class SqlTool:
         )
 
     def _start_sqlite(self) -> SqlPolicy:
-        path = self._sqlite_path or default_sqlite_path()
-        if not path.exists():
+        path = self._sqlite_path
+        if path is None:
+            path = default_sqlite_path()
+            try:
+                if not path.exists():
+                    build_sqlite_database(path)
+            except OSError:  # no writable home (e.g. a container user): use the temp dir
+                path = Path(tempfile.gettempdir()) / "reason-pipeline" / path.name
+                if not path.exists():
+                    build_sqlite_database(path)
+        elif not path.exists():
             build_sqlite_database(path)
         self._sqlite_path = path
         db = self._open_sqlite(authorize=False)

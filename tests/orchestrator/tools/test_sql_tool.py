@@ -12,6 +12,7 @@ import asyncio
 import hashlib
 import json
 import sqlite3
+import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -750,6 +751,21 @@ async def test_sqlite_default_path_is_built_once(
     again = SqlTool(None, None)
     await again.start()
     assert _file_digest(built[0]) == digest
+
+
+@pytest.mark.unit
+async def test_sqlite_default_path_falls_back_to_the_temp_dir(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    home = tmp_path / "home"
+    home.write_text("a file, so no cache directory can be made under it")
+    monkeypatch.setenv("HOME", str(home))
+    (tmp_path / "tmp").mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
+    tool = SqlTool(None, None)
+    await tool.start()
+    assert await tool("SELECT count(*) FROM products", _ctx()) == "24"
+    assert list((tmp_path / "tmp" / "reason-pipeline").glob("sample-*.sqlite3"))
 
 
 @pytest.mark.unit
