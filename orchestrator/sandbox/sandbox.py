@@ -44,6 +44,8 @@ _WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
 _KILL_GRACE_S = 2.0
 _START_TIMEOUT_S = 30.0
 _MAX_ERROR_CHARS = 2000
+# Sources up to this size are checked inline (well under 1 ms); longer ones in a thread.
+_INLINE_CHECK_CHARS = 4000
 # Categories of errors that are ordinary mistakes of the code, not containment events.
 _QUIET_CATEGORIES = frozenset({None, "syntax_error", "closed"})
 
@@ -377,7 +379,14 @@ class Sandbox:
                     category="source_too_large",
                 )
             try:
-                refusal = check_source(code, max_source_chars=self.settings.max_source_chars)
+                if len(code) <= _INLINE_CHECK_CHARS:
+                    refusal = check_source(code, max_source_chars=self.settings.max_source_chars)
+                else:
+                    # Hostile source can take tens of ms to parse and walk: keep the event
+                    # loop answering other requests meanwhile.
+                    refusal = await asyncio.to_thread(
+                        check_source, code, max_source_chars=self.settings.max_source_chars
+                    )
             except SourceSyntaxError as exc:
                 return SandboxResult("error", error=str(exc), category="syntax_error")
             if refusal is not None:
