@@ -64,13 +64,15 @@ class PlannerService:
         seen: set[str] = set()
         feedback = request.feedback
         errors: list[str] = []
+        duplicates = 0
         for attempt in range(self.settings.max_attempts):
             want = request.n - len(plans)
             gen_request = GenerationRequest(
                 messages=build_messages(request.question, tools, feedback),
                 json_schema=schema,
                 n=want,
-                temperature=temperature,
+                # Repeated samples: sample a little hotter to get distinct plans.
+                temperature=min(temperature + 0.2 * duplicates, 1.5) if duplicates else temperature,
                 top_p=self.settings.top_p,
                 max_tokens=self.settings.max_tokens,
                 seed=self.settings.seed + attempt,
@@ -92,9 +94,9 @@ class PlannerService:
                     )
                     continue
                 key = plan.model_dump_json()
-                last_attempt = attempt == self.settings.max_attempts - 1
-                if key in seen and not last_attempt:
-                    continue  # ask again for a distinct sample; the last round takes repeats
+                if key in seen:
+                    duplicates += 1
+                    continue  # n > 1 asks for distinct plans: ask again for the rest
                 seen.add(key)
                 plans.append(plan)
                 PLANS.labels("valid").inc()
@@ -102,6 +104,13 @@ class PlannerService:
                 break
             if errors:
                 feedback = _feedback(request.feedback, errors[-1])
+        if 0 < len(plans) < request.n:
+            log.warning(
+                "fewer distinct plans than requested",
+                requested=request.n,
+                distinct=len(plans),
+                duplicates=duplicates,
+            )
         if not plans:
             raise PlanningFailed(
                 f"no valid plan after {self.settings.max_attempts} attempts; "

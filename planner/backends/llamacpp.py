@@ -1,0 +1,194 @@
+"""In-process llama.cpp backend (llama-cpp-python) on a GGUF file: the embedded default.
+
+Decoding is constrained by a GBNF grammar compiled from the plan's JSON schema, so every
+completion is JSON of the plan's shape with a registered tool name. The grammar is
+compiled here and passed explicitly: llama-cpp-python's `response_format` path silently
+falls back to unconstrained JSON when a schema fails to compile, and a silent fallback is
+exactly what must not happen.
+
+One model context serves one generation at a time. Generation runs in a worker thread so
+the event loop stays free; requests queue on an asyncio lock, and a threading lock guards
+the context itself in case a cancelled request's thread is still finishing. llama.cpp has
+no batched `n`: n completions are n sequential samples with distinct seeds, sharing the
+prompt's KV cache (the prompt prefix is evaluated once).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from planner.backends.base import Generation, GenerationRequest
+from services.catalog import resolve_gguf
+from services.settings import PlannerSettings
+
+log = structlog.get_logger(__name__)
+
+SEED_STRIDE = 7919  # seeds of the k-th sample: seed + k * stride (a prime, so they differ)
+
+
+@dataclass
+class GenerationStats:
+    """Timings of the last `generate` call, for benchmarks and logs."""
+
+    completions: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    wall_s: float = 0.0
+    prompt_eval_s: float = 0.0  # llama.cpp's own prefill time (tokens not served from cache)
+    prompt_eval_tokens: int = 0
+    per_completion: list[dict[str, float]] = field(default_factory=list)
+
+    @property
+    def decode_tokens_per_s(self) -> float:
+        """Completion tokens over wall time less prefill: includes sampling and grammar."""
+        decode_s = self.wall_s - self.prompt_eval_s
+        return self.completion_tokens / decode_s if decode_s > 0 else 0.0
+
+
+class LlamaCppBackend:
+    name = "llamacpp"
+
+    def __init__(
+        self,
+        settings: PlannerSettings,
+        *,
+        constrained: bool = True,
+        cache_dir: Path | None = None,
+    ) -> None:
+        self.settings = settings
+        self.model = settings.model_path.name if settings.model_path else settings.model
+        # Unconstrained decoding exists only to measure what the grammar costs.
+        self.constrained = constrained
+        self._cache_dir = cache_dir
+        self._llm: Any = None
+        self._async_lock = asyncio.Lock()
+        self._thread_lock = threading.Lock()
+        self._grammars: dict[str, Any] = {}
+        self.load_seconds: float | None = None
+        self.last_stats = GenerationStats()
+
+    async def load(self) -> None:
+        gguf = resolve_gguf(self.settings.model, self.settings.model_path, self._cache_dir)
+        started = time.perf_counter()
+        self._llm = await asyncio.to_thread(self._load, gguf)
+        self.load_seconds = time.perf_counter() - started
+        log.info(
+            "llama.cpp model loaded",
+            model=self.model,
+            path=str(gguf),
+            n_ctx=self.settings.n_ctx,
+            seconds=round(self.load_seconds, 2),
+        )
+
+    def _load(self, gguf: Path) -> Any:
+        try:
+            from llama_cpp import Llama
+        except ImportError as exc:
+            raise RuntimeError(
+                f"the llamacpp backend needs llama-cpp-python: pip install -e '.[llamacpp]' ({exc})"
+            ) from None
+        threads = self.settings.n_threads or max(1, os.cpu_count() or 1)
+        return Llama(
+            model_path=str(gguf),
+            n_ctx=self.settings.n_ctx,
+            n_threads=threads,
+            n_threads_batch=threads,
+            seed=self.settings.seed,
+            verbose=False,
+        )
+
+    async def close(self) -> None:
+        async with self._async_lock:
+            llm, self._llm = self._llm, None
+            if llm is not None:
+                await asyncio.to_thread(self._close, llm)
+
+    def _close(self, llm: Any) -> None:
+        with self._thread_lock:
+            llm.close()
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        if self._llm is None:
+            raise RuntimeError("llama.cpp model is not loaded")
+        async with self._async_lock:
+            return await asyncio.to_thread(self._generate, request)
+
+    def grammar(self, schema: dict[str, Any]) -> Any:
+        """The compiled grammar of a JSON schema (cached: schemas repeat per tool set)."""
+        key = json.dumps(schema, sort_keys=True)
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            from llama_cpp import LlamaGrammar
+
+            # Raises on a schema it cannot express: never fall back to unconstrained JSON.
+            grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+            if len(self._grammars) > 32:
+                self._grammars.clear()
+            self._grammars[key] = grammar
+        return grammar
+
+    def _generate(self, request: GenerationRequest) -> Generation:
+        from llama_cpp import llama_cpp as lib
+
+        grammar = self.grammar(request.json_schema) if self.constrained else None
+        stats = GenerationStats()
+        texts: list[str] = []
+        base_seed = request.seed if request.seed is not None else self.settings.seed
+        with self._thread_lock:
+            llm = self._llm
+            if llm is None:
+                raise RuntimeError("llama.cpp model was closed")
+            started = time.perf_counter()
+            for k in range(request.n):
+                lib.llama_perf_context_reset(llm.ctx)
+                t0 = time.perf_counter()
+                response = llm.create_chat_completion(
+                    messages=request.messages,
+                    grammar=grammar,
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                    max_tokens=request.max_tokens,
+                    seed=base_seed + k * SEED_STRIDE,
+                )
+                wall = time.perf_counter() - t0
+                perf = lib.llama_perf_context(llm.ctx)
+                usage = response.get("usage") or {}
+                texts.append(response["choices"][0]["message"].get("content") or "")
+                stats.prompt_tokens += int(usage.get("prompt_tokens", 0))
+                stats.completion_tokens += int(usage.get("completion_tokens", 0))
+                stats.prompt_eval_s += perf.t_p_eval_ms / 1000
+                stats.prompt_eval_tokens += perf.n_p_eval
+                stats.per_completion.append(
+                    {
+                        "wall_s": wall,
+                        "prompt_eval_s": perf.t_p_eval_ms / 1000,
+                        "completion_tokens": float(usage.get("completion_tokens", 0)),
+                        "finish_reason_length": float(
+                            response["choices"][0].get("finish_reason") == "length"
+                        ),
+                    }
+                )
+            stats.wall_s = time.perf_counter() - started
+        stats.completions = len(texts)
+        self.last_stats = stats
+        log.debug(
+            "llama.cpp generation",
+            n=request.n,
+            prompt_tokens=stats.prompt_tokens,
+            completion_tokens=stats.completion_tokens,
+            seconds=round(stats.wall_s, 3),
+        )
+        return Generation(
+            texts=texts,
+            prompt_tokens=stats.prompt_tokens,
+            completion_tokens=stats.completion_tokens,
+        )
