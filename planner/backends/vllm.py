@@ -64,12 +64,21 @@ def resolve_model(settings: PlannerSettings) -> str:
     return settings.model
 
 
+def model_name(settings: PlannerSettings) -> str:
+    """The name plans are reported under: the model directory's, or the catalog name."""
+    path = settings.model_path
+    if path is None:
+        return settings.model
+    # A catalog conversion lives in models/<name>/hf; name it after the model.
+    return path.parent.name if path.name == "hf" and path.parent.name else path.name
+
+
 class VllmBackend:
     name = "vllm"
 
     def __init__(self, settings: PlannerSettings) -> None:
         self.settings = settings
-        self.model = settings.model_path.name if settings.model_path is not None else settings.model
+        self.model = model_name(settings)
         self.load_seconds: float | None = None
         self._engine: Any = None
         self._tokenizer: Any = None
@@ -99,7 +108,7 @@ class VllmBackend:
             from vllm.v1.engine.async_llm import AsyncLLM
         except ImportError as exc:
             raise RuntimeError(
-                "the vllm backend needs vLLM in this interpreter; on a CPU build its venv "
+                "the vllm backend needs vLLM in this interpreter; on a CPU, build its venv "
                 f"with scripts/setup_vllm_cpu.sh and run the planner with that python ({exc})"
             ) from None
         started = time.perf_counter()

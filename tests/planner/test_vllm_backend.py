@@ -12,7 +12,7 @@ import httpx
 import pytest
 
 from planner.backends import create_backend
-from planner.backends.vllm import VllmBackend, quantization_setting, resolve_model
+from planner.backends.vllm import VllmBackend, model_name, quantization_setting, resolve_model
 from services.plans import check_plan
 from services.schemas import Plan
 from services.settings import PlannerSettings
@@ -48,6 +48,9 @@ def test_production_defaults_and_model_resolution(tmp_path: Path) -> None:
     assert (settings.temperature, settings.top_p, settings.max_model_len) == (0.3, 0.85, 4096)
     assert settings.enable_prefix_caching and settings.quantization == "awq"
     assert resolve_model(settings) == str(tmp_path)
+    assert model_name(settings) == tmp_path.name
+    converted = PlannerSettings(model_path=Path("/cache/models/smollm2-135m-instruct/hf"))
+    assert model_name(converted) == "smollm2-135m-instruct"
     with pytest.raises(FileNotFoundError, match="does not exist"):
         resolve_model(PlannerSettings(backend="vllm", model_path=tmp_path / "missing"))
     # Neither a path nor a catalog name: handed to vLLM's own loader as a model id.
@@ -142,10 +145,6 @@ def test_readyz_reports_the_loaded_vllm_model(vllm_planner: Service) -> None:
     ("question", "n"),
     [
         ("What is 17 * 23?", 1),
-        (
-            "A baker makes 24 muffins and sells 3 boxes of 6 muffins. How many muffins are left?",
-            1,
-        ),
         ("Sara reads 12 pages a day for 5 days. How many pages does she read?", 3),
     ],
 )
