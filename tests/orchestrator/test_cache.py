@@ -3,6 +3,7 @@ the tool's TTL; a Redis that is down or slow means no cache, never an error."""
 
 from __future__ import annotations
 
+import asyncio
 import time
 import uuid
 from typing import Any
@@ -54,7 +55,7 @@ async def test_tool_results_are_cached_in_redis_per_tenant_with_ttl() -> None:
         assert second.output == first.output and fn.calls == 1
         other = (await reg.run(name, "hello world", ToolContext(tenant="b", timeout_s=1))).result
         assert other.source == "tool" and fn.calls == 2
-        time.sleep(0.6)  # past the tool's TTL the tool is asked again
+        await asyncio.sleep(0.6)  # past the tool's TTL the tool is asked again
         assert (await reg.run(name, "hello world", a)).result.source == "tool"
         raw = await cache._redis.keys("reason:v1:tool:*")
         assert raw and all("hello" not in k for k in raw)  # no client text in keys
@@ -83,7 +84,7 @@ async def test_memory_cache_bounds_its_size_and_expires() -> None:
         await cache.set(f"k{i}", str(i), ttl_s=60)
     assert [await cache.get(f"k{i}") for i in range(5)] == [None, None, "2", "3", "4"]
     await cache.set("short", "v", ttl_s=0.01)
-    time.sleep(0.02)
+    await asyncio.sleep(0.02)
     assert await cache.get("short") is None
 
 
