@@ -40,9 +40,9 @@ class Recipe:
 
     seed: int = 7  # random seed for every choice below
     n_train: int = 3000  # claims in the training split
-    n_val: int = 600  # claims in the validation split (temperature fitting)
-    n_test: int = 600  # claims in the held-out test split
-    n_gsm8k_test: int = 600  # claims built from GSM8K test answers (reporting only)
+    n_val: int = 300  # claims in the validation split (temperature fitting)
+    n_test: int = 300  # claims in the held-out test split
+    n_gsm8k_test: int = 300  # claims built from GSM8K test answers (reporting only)
     # Share of each kind of claim in train/val/test (normalised to 1).
     mix: dict[str, float] | None = None
     datasets_dir: str = str(DEFAULT_DATASETS)

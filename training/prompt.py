@@ -12,10 +12,7 @@ from typing import Any
 
 PROMPT_FORMAT: dict[str, Any] = {
     "version": 1,
-    "header": (
-        "Check the claim. Answer TRUE if it is correct given the question and the "
-        "context, FALSE otherwise.\n"
-    ),
+    "header": "Is the claim TRUE or FALSE given the question and context?\n",
     "question_block": "Question: {question}\n",
     "context_block": "Context:\n{context}\n",
     "claim_block": "Claim: {statement}\nVerdict:",

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 
@@ -31,10 +33,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await verifier.load()
+        # Load in the background: /healthz answers at once, /readyz turns true when the
+        # model is loaded, and a claim that needs the model meanwhile gets a 503.
+        loading = asyncio.create_task(verifier.load())
         try:
             yield
         finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
             await verifier.backend.close()
 
     app = create_service_app(

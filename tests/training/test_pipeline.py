@@ -1,0 +1,169 @@
+"""The training scripts end to end on a tiny random llama: data -> LoRA -> calibration ->
+evaluation -> the adapter served by the verifier's model backend. Proves the scripts and
+the hand-off work; says nothing about accuracy (that is docs/benchmarks/verifier.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("peft")
+pytest.importorskip("transformers")
+
+from training import calibrate, data, evaluate, metrics, train_lora  # noqa: E402
+from training.prompt import PROMPT_FORMAT  # noqa: E402
+
+pytestmark = [pytest.mark.model]
+
+
+def make_tiny_model(directory: Path, texts: list[str]) -> None:
+    """A 2-layer random llama and a word-level tokenizer over the words in `texts`."""
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import LlamaConfig, LlamaForCausalLM, PreTrainedTokenizerFast
+
+    words = sorted({w for t in texts for w in re.findall(r"\w+|[^\w\s]", t)})
+    vocab = {w: i for i, w in enumerate(["[UNK]", "[PAD]", "[EOS]", *words])}
+    tok = Tokenizer(models.WordLevel(vocab, unk_token="[UNK]"))
+    tok.pre_tokenizer = pre_tokenizers.Whitespace()
+    fast = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="[EOS]"
+    )
+    fast.save_pretrained(str(directory))
+    torch.manual_seed(0)
+    config = LlamaConfig(
+        vocab_size=len(vocab),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        num_key_value_heads=2,
+        max_position_embeddings=512,
+    )
+    LlamaForCausalLM(config).save_pretrained(str(directory))
+
+
+def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
+    data_dir, model_dir, adapter_dir = tmp_path / "data", tmp_path / "tiny", tmp_path / "adapter"
+    data.main(
+        [
+            "--out",
+            str(data_dir),
+            "--seed",
+            "3",
+            "--n-train",
+            "64",
+            "--n-val",
+            "24",
+            "--n-test",
+            "24",
+            "--n-gsm8k-test",
+            "16",
+        ]
+    )
+    rows = [
+        r
+        for s in ("train", "val", "test", "gsm8k_test")
+        for r in data.read_jsonl(data_dir / f"{s}.jsonl")
+    ]
+    assert {r["kind"] for r in rows} >= {"arith", "logic", "gsm8k_gold"}
+    texts = [json.dumps(PROMPT_FORMAT)] + [
+        f"{r['question']} {r['context']} {r['statement']}" for r in rows
+    ]
+    model_dir.mkdir()
+    make_tiny_model(model_dir, texts)
+
+    cfg = train_lora.TrainConfig(
+        base_model=str(model_dir),
+        data_dir=str(data_dir),
+        out_dir=str(adapter_dir),
+        max_steps=4,
+        batch_size=4,
+        warmup_steps=1,
+        lora_r=4,
+        lora_alpha=8,
+        lora_top_layers=1,
+        max_seq_tokens=512,
+        log_every=2,
+    )
+    summary = train_lora.train(cfg, progress=False)
+    assert summary["train_claims"] == len(data.read_jsonl(data_dir / "train.jsonl")) > 50
+    for name in (
+        "adapter_config.json",
+        "adapter_model.safetensors",
+        "prompt.json",
+        "train_config.json",
+        "data_recipe.json",
+        "train_log.jsonl",
+    ):
+        assert (adapter_dir / name).exists(), name
+    log = [json.loads(x) for x in (adapter_dir / "train_log.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in log] == [2, 4] and all(r["loss"] > 0 for r in log)
+    # only the top layer was adapted
+    conf = json.loads((adapter_dir / "adapter_config.json").read_text())
+    assert conf["layers_to_transform"] == [1] and conf["r"] == 4
+
+    calibrate.main(
+        ["--base-model", str(model_dir), "--adapter", str(adapter_dir), "--data", str(data_dir)]
+    )
+    cal = json.loads((adapter_dir / "calibration.json").read_text())
+    assert cal["temperature"] > 0 and cal["after"]["nll"] <= cal["before"]["nll"] + 1e-9
+
+    out = tmp_path / "metrics.json"
+    evaluate.main(
+        [
+            "--base-model",
+            str(model_dir),
+            "--adapter",
+            str(adapter_dir),
+            "--data",
+            str(data_dir),
+            "--out",
+            str(out),
+        ]
+    )
+    result = json.loads(out.read_text())["models"]
+    for model in ("untrained", "lora"):
+        for split in ("test", "gsm8k_test"):
+            for mode in ("uncalibrated", "calibrated"):
+                m = result[model][split][mode]
+                assert 0 <= m["accuracy"] <= 1 and 0 <= m["ece"] <= 1 and 0 <= m["brier"] <= 1
+
+    # the adapter directory is all serving needs
+    from services.settings import VerifierSettings
+    from verifier.backends.base import Claim
+    from verifier.backends.model import ModelVerifier
+
+    backend = ModelVerifier(
+        VerifierSettings(backend="model", base_model=str(model_dir), adapter_dir=adapter_dir)
+    )
+
+    async def serve() -> list[float]:
+        await backend.load()
+        return await backend.score([Claim("2 + 2 = 5"), Claim("7 * 8 = 56", "", "What?")])
+
+    probs = asyncio.run(serve())
+    assert len(probs) == 2 and all(0 < p < 1 for p in probs)
+    assert backend.temperature == pytest.approx(cal["temperature"])
+
+
+def test_config_checks_give_actionable_messages(tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match=r"config\.json"):
+        train_lora.TrainConfig(base_model=str(tmp_path), data_dir=str(tmp_path), out_dir="x")
+
+
+def test_metrics_on_known_values() -> None:
+    labels = [True, False, True, False]
+    assert metrics.auroc([0.9, 0.1, 0.8, 0.2], labels) == 1.0
+    assert metrics.auroc([0.1, 0.9, 0.2, 0.8], labels) == 0.0
+    assert metrics.brier([1.0, 0.0, 1.0, 0.0], labels) == 0.0
+    assert metrics.ece([0.75] * 4, [True, True, True, False]) == pytest.approx(0.0)
+    assert metrics.ece([0.9] * 4, labels) == pytest.approx(0.4)
+    # a temperature fitted to over-confident logits is > 1
+    logits = [4.0, -4.0, 4.0, -4.0, 4.0, -4.0]
+    t = metrics.fit_temperature(logits, [True, False, False, False, True, True])
+    assert t > 1

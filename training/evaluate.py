@@ -1,0 +1,107 @@
+"""Evaluate the verifier: untrained vs LoRA, uncalibrated vs calibrated.
+
+For each model (the base model alone, and with the adapter) and each split (the held-out
+generated test split, claims from GSM8K test answers), reports accuracy, ECE (15
+equal-width bins), Brier score and AUROC, with T = 1 and with the temperature fitted on
+the validation split (the adapter's `calibration.json`; the untrained model gets its own
+fit on the same split, so both are compared fairly). The exact (symbolic) checks are
+measured by `scripts/bench_verifier.py`, since training code imports no service code.
+
+    python -m training.evaluate --base-model DIR --adapter verifier/adapters/NAME \\
+        --data var/verifier-data --out verifier/adapters/NAME/metrics.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from training.data import read_jsonl
+from training.metrics import fit_temperature, report
+from training.scoring import load_model, load_tokenizer, prompt_format, score_rows, set_threads
+
+
+def _by_kind(rows: list[dict[str, Any]], logits: list[float], temperature: float) -> dict[str, Any]:
+    kinds: dict[str, list[int]] = {}
+    for i, r in enumerate(rows):
+        kinds.setdefault(r["kind"], []).append(i)
+    return {
+        k: report([logits[i] for i in idx], [bool(rows[i]["label"]) for i in idx], temperature)[
+            "accuracy"
+        ]
+        for k, idx in sorted(kinds.items())
+    }
+
+
+def evaluate(
+    base_model: str,
+    adapter: str | None,
+    data_dir: str,
+    splits: list[str],
+    threads: int = 1,
+    limit: int | None = None,
+) -> dict[str, Any]:
+    set_threads(threads)
+    tokenizer = load_tokenizer(base_model)
+    data = {s: read_jsonl(Path(data_dir) / f"{s}.jsonl")[:limit] for s in ["val", *splits]}
+    results: dict[str, Any] = {}
+    models = [("untrained", None)] + ([("lora", adapter)] if adapter else [])
+    for name, adapter_dir in models:
+        model = load_model(base_model, adapter_dir)
+        fmt = prompt_format(adapter)  # the same prompt for both models
+        started = time.perf_counter()
+        scored = {
+            s: score_rows(model, tokenizer, rows, fmt, progress=True) for s, rows in data.items()
+        }
+        seconds = time.perf_counter() - started
+        val_labels = [bool(r["label"]) for r in data["val"]]
+        calibration = Path(adapter_dir or "", "calibration.json")
+        if adapter_dir and calibration.exists():
+            temperature = float(json.loads(calibration.read_text())["temperature"])
+        else:
+            temperature = fit_temperature(scored["val"], val_labels)
+        entry: dict[str, Any] = {"temperature": round(temperature, 6)}
+        for split in splits:
+            labels = [bool(r["label"]) for r in data[split]]
+            entry[split] = {
+                "uncalibrated": report(scored[split], labels, 1.0),
+                "calibrated": report(scored[split], labels, temperature),
+                "accuracy_by_kind": _by_kind(data[split], scored[split], temperature),
+            }
+        n_scored = sum(len(r) for r in data.values())
+        entry["seconds_per_claim"] = round(seconds / max(n_scored, 1), 4)
+        results[name] = entry
+        del model
+    return results
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--base-model", required=True)
+    parser.add_argument(
+        "--adapter", default=None, help="adapter directory; omit for untrained only"
+    )
+    parser.add_argument("--data", required=True)
+    parser.add_argument("--splits", nargs="+", default=["test", "gsm8k_test"])
+    parser.add_argument("--limit", type=int, default=None, help="first N claims of each split")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", type=Path, default=None, help="write the metrics JSON here")
+    args = parser.parse_args(argv)
+    result: dict[str, Any] = {
+        "models": evaluate(
+            args.base_model, args.adapter, args.data, args.splits, args.threads, args.limit
+        )
+    }
+    text = json.dumps(result, indent=2)
+    if args.out:
+        args.out.write_text(text + "\n")
+    print(text)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,105 @@
+"""Load a base causal LM (with or without a LoRA adapter) and score claims.
+
+A claim's score is the logit difference `z = logit(TRUE) - logit(FALSE)` at the last
+prompt position, from one forward pass with left padding and `logits_to_keep=1`;
+`sigmoid(z / T)` is the probability that the claim is true after temperature `T`.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.prompt import PROMPT_FORMAT, answer_token_ids, render
+
+
+def set_threads(threads: int) -> None:
+    torch.set_num_threads(threads)
+    try:
+        torch.set_num_interop_threads(1)
+    except RuntimeError:  # already set in this process
+        pass
+
+
+def load_tokenizer(base_model: str | Path) -> Any:
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(str(base_model))
+    tokenizer.padding_side = "left"
+    if tokenizer.pad_token_id is None:
+        tokenizer.pad_token = tokenizer.eos_token
+    return tokenizer
+
+
+def load_model(base_model: str | Path, adapter_dir: str | Path | None = None) -> Any:
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(base_model), dtype=torch.float32)
+    if adapter_dir is not None:
+        from peft import PeftModel
+
+        model = PeftModel.from_pretrained(model, str(adapter_dir))
+    model.eval()
+    return model
+
+
+def prompt_format(adapter_dir: str | Path | None) -> dict[str, Any]:
+    if adapter_dir is not None and (Path(adapter_dir) / "prompt.json").exists():
+        return dict(json.loads((Path(adapter_dir) / "prompt.json").read_text()))
+    return dict(PROMPT_FORMAT)
+
+
+def claim_prompt(row: dict[str, Any], fmt: dict[str, Any] = PROMPT_FORMAT) -> str:
+    return render(row["statement"], row.get("context") or "", row.get("question"), fmt)
+
+
+def logit_diff(
+    model: Any, batch: dict[str, torch.Tensor], true_id: int, false_id: int
+) -> torch.Tensor:
+    """TRUE-minus-FALSE logit at the last position, one value per row of the batch."""
+    mask = batch["attention_mask"]
+    out = model(
+        input_ids=batch["input_ids"],
+        attention_mask=mask,
+        position_ids=(mask.cumsum(-1) - 1).clamp(min=0),  # left padding: count real tokens
+        logits_to_keep=1,
+    )
+    last = out.logits[:, -1, :]
+    return last[:, true_id] - last[:, false_id]
+
+
+def batches(items: list[Any], size: int) -> Iterable[list[Any]]:
+    for start in range(0, len(items), size):
+        yield items[start : start + size]
+
+
+@torch.inference_mode()
+def score_rows(
+    model: Any,
+    tokenizer: Any,
+    rows: list[dict[str, Any]],
+    fmt: dict[str, Any] = PROMPT_FORMAT,
+    batch_size: int = 16,
+    progress: bool = False,
+) -> list[float]:
+    """Logit differences for claims, in input order (batched by similar length)."""
+    true_id, false_id = answer_token_ids(tokenizer, fmt)
+    prompts = [claim_prompt(r, fmt) for r in rows]
+    lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    order = sorted(range(len(prompts)), key=lambda i: lengths[i])
+    scores = [0.0] * len(prompts)
+    chunks = list(batches(order, batch_size))
+    if progress:
+        from tqdm import tqdm
+
+        chunks = tqdm(chunks, desc="scoring", unit="batch")
+    for chunk in chunks:
+        enc = tokenizer([prompts[i] for i in chunk], return_tensors="pt", padding=True)
+        diffs = logit_diff(model, enc, true_id, false_id)
+        for i, z in zip(chunk, diffs.tolist(), strict=True):
+            scores[i] = float(z)
+    return scores

@@ -1,0 +1,275 @@
+"""Fine-tune a LoRA adapter that makes a causal LM a TRUE/FALSE claim verifier.
+
+The model reads the prompt of `training/prompt.py`; the loss is the binary cross-entropy
+of `sigmoid(logit(TRUE) - logit(FALSE))` at the last position against the claim's label,
+exactly what serving computes. Output: the adapter directory (`adapter_config.json`,
+`adapter_model.safetensors`) with `prompt.json`, `train_config.json`, `data_recipe.json`
+and `train_log.jsonl` beside it.
+
+    python -m training.data --out var/verifier-data --seed 7
+    python -m training.train_lora --base-model ~/.cache/reason/models/smollm2-135m-instruct/hf \\
+        --data var/verifier-data --out verifier/adapters/smollm2-135m-instruct --seed 7
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import random
+import time
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from training.data import read_jsonl
+from training.prompt import answer_token_ids, write_prompt_format
+from training.scoring import claim_prompt, load_tokenizer, set_threads
+
+
+@dataclass
+class TrainConfig:
+    base_model: str  # directory of the base causal LM (safetensors + tokenizer)
+    data_dir: str  # directory with train.jsonl (from training.data) and recipe.json
+    out_dir: str  # where the adapter and its records are written
+    base_model_name: str = ""  # name recorded in adapter_config.json (default: the dir name)
+    seed: int = 7  # seeds data order, LoRA initialisation and dropout
+    # --- LoRA
+    lora_r: int = 16  # rank of each low-rank update (dimensionless)
+    lora_alpha: int = 32  # updates are scaled by lora_alpha / lora_r (dimensionless)
+    lora_dropout: float = 0.05  # dropout probability on the LoRA input during training
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "up_proj", "down_proj"]
+    )  # linear layers that get an adapter (names in the llama architecture)
+    # Adapters only in the top N decoder layers (0 = all): backpropagation then stops
+    # there, which makes a CPU step several times cheaper.
+    lora_top_layers: int = 10
+    # --- optimisation
+    max_steps: int = 120  # optimizer steps (one batch each)
+    batch_size: int = 8  # claims per optimizer step
+    learning_rate: float = 1e-3  # peak AdamW step size (per step, after warm-up)
+    warmup_steps: int = 10  # steps of linear warm-up from 0 to learning_rate
+    min_lr_ratio: float = 0.1  # cosine decay ends at learning_rate * min_lr_ratio
+    weight_decay: float = 0.0  # AdamW decoupled weight decay (per step, times lr)
+    grad_clip_norm: float = 1.0  # clip the global L2 norm of gradients to this
+    max_seq_tokens: int = 192  # claims whose prompt is longer (in tokens) are skipped
+    # --- machine and records
+    threads: int = 1  # torch CPU threads (1 is fastest on a busy 2-core machine)
+    log_every: int = 10  # steps between log lines / train_log.jsonl records
+
+    def __post_init__(self) -> None:
+        if not (Path(self.base_model) / "config.json").exists():
+            raise ValueError(
+                f"base_model {self.base_model!r} has no config.json; pass a transformers "
+                "model directory (e.g. the one `reason models pull smollm2-135m-instruct` makes)"
+            )
+        if not (Path(self.data_dir) / "train.jsonl").exists():
+            raise ValueError(
+                f"{self.data_dir}/train.jsonl is missing; generate it with "
+                f"`python -m training.data --out {self.data_dir}`"
+            )
+        if self.lora_r < 1 or self.lora_alpha < 1:
+            raise ValueError("lora_r and lora_alpha must be >= 1")
+        if not 0 <= self.lora_dropout < 1:
+            raise ValueError("lora_dropout is a probability in [0, 1)")
+        if not self.target_modules:
+            raise ValueError("target_modules must name at least one linear layer")
+        if self.max_steps < 1 or self.batch_size < 1:
+            raise ValueError("max_steps and batch_size must be >= 1")
+        if not 0 < self.learning_rate < 1:
+            raise ValueError(f"learning_rate {self.learning_rate} is outside (0, 1); try 5e-4")
+        if not 0 <= self.warmup_steps < self.max_steps:
+            raise ValueError("warmup_steps must be in [0, max_steps)")
+        if not 0 <= self.min_lr_ratio <= 1:
+            raise ValueError("min_lr_ratio must be in [0, 1]")
+        if self.grad_clip_norm <= 0 or self.weight_decay < 0:
+            raise ValueError("grad_clip_norm must be > 0 and weight_decay >= 0")
+        if self.max_seq_tokens < 16:
+            raise ValueError("max_seq_tokens must be >= 16")
+        if self.lora_top_layers < 0:
+            raise ValueError("lora_top_layers must be >= 0 (0 = every layer)")
+        if self.threads < 1 or self.log_every < 1:
+            raise ValueError("threads and log_every must be >= 1")
+        if not self.base_model_name:
+            self.base_model_name = Path(self.base_model).resolve().name
+
+
+def top_layers(model: Any, n: int) -> list[int] | None:
+    """Indices of the top `n` decoder layers, or None for all of them."""
+    total = int(model.config.num_hidden_layers)
+    if n <= 0 or n >= total:
+        return None
+    return list(range(total - n, total))
+
+
+def lr_at(step: int, cfg: TrainConfig) -> float:
+    """Linear warm-up, then cosine decay to learning_rate * min_lr_ratio."""
+    if step < cfg.warmup_steps:
+        return cfg.learning_rate * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, cfg.max_steps - cfg.warmup_steps)
+    cosine = 0.5 * (1 + math.cos(math.pi * min(progress, 1.0)))
+    return cfg.learning_rate * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * cosine)
+
+
+def make_batches(
+    rows: list[dict[str, Any]], lengths: list[int], cfg: TrainConfig, rng: random.Random
+) -> list[list[int]]:
+    """Index batches for max_steps steps: shuffled, grouped by similar length within pools."""
+    batches: list[list[int]] = []
+    while len(batches) < cfg.max_steps:
+        order = list(range(len(rows)))
+        rng.shuffle(order)
+        pool = cfg.batch_size * 16
+        epoch: list[list[int]] = []
+        for start in range(0, len(order), pool):
+            chunk = sorted(order[start : start + pool], key=lambda i: lengths[i])
+            epoch += [chunk[k : k + cfg.batch_size] for k in range(0, len(chunk), cfg.batch_size)]
+        epoch = [b for b in epoch if len(b) == cfg.batch_size]
+        rng.shuffle(epoch)
+        batches += epoch
+    return batches[: cfg.max_steps]
+
+
+def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
+    from peft import LoraConfig, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    set_threads(cfg.threads)
+    random.seed(cfg.seed)
+    torch.manual_seed(cfg.seed)
+    out = Path(cfg.out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+
+    tokenizer = load_tokenizer(cfg.base_model)
+    true_id, false_id = answer_token_ids(tokenizer)
+    all_rows = read_jsonl(Path(cfg.data_dir) / "train.jsonl")
+    prompts = [claim_prompt(r) for r in all_rows]
+    lengths = [len(tokenizer(p)["input_ids"]) for p in prompts]
+    keep = [i for i, n in enumerate(lengths) if n <= cfg.max_seq_tokens]
+    rows = [all_rows[i] for i in keep]
+    prompts = [prompts[i] for i in keep]
+    lengths = [lengths[i] for i in keep]
+    skipped = len(all_rows) - len(rows)
+
+    base = AutoModelForCausalLM.from_pretrained(cfg.base_model, dtype=torch.float32)
+    lora = LoraConfig(
+        r=cfg.lora_r,
+        lora_alpha=cfg.lora_alpha,
+        lora_dropout=cfg.lora_dropout,
+        target_modules=list(cfg.target_modules),
+        layers_to_transform=top_layers(base, cfg.lora_top_layers),
+        bias="none",
+        task_type="CAUSAL_LM",
+    )
+    model = get_peft_model(base, lora)
+    model.train()
+    trainable = [p for p in model.parameters() if p.requires_grad]
+    n_trainable = sum(p.numel() for p in trainable)
+    optimizer = torch.optim.AdamW(trainable, lr=cfg.learning_rate, weight_decay=cfg.weight_decay)
+
+    rng = random.Random(cfg.seed)
+    plan = make_batches(rows, lengths, cfg, rng)
+    log_path = out / "train_log.jsonl"
+    log_file = log_path.open("w")
+    steps = range(cfg.max_steps)
+    bar = None
+    if progress:
+        from tqdm import tqdm
+
+        bar = tqdm(steps, desc="lora", unit="step")
+        steps = bar
+    started = time.perf_counter()
+    window_loss, window_hits, window_n = 0.0, 0, 0
+    for step in steps:
+        idx = plan[step]
+        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True)
+        labels = torch.tensor([float(rows[i]["label"]) for i in idx])
+        mask = enc["attention_mask"]
+        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+        logits = model(
+            input_ids=enc["input_ids"],
+            attention_mask=mask,
+            position_ids=position_ids,
+            logits_to_keep=1,
+        ).logits[:, -1, :]
+        z = logits[:, true_id] - logits[:, false_id]
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(z, labels)
+        for group in optimizer.param_groups:
+            group["lr"] = lr_at(step, cfg)
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip_norm)
+        optimizer.step()
+        window_loss += loss.item() * len(idx)
+        window_hits += int(((z > 0).float() == labels).sum())
+        window_n += len(idx)
+        if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps:
+            record = {
+                "step": step + 1,
+                "loss": round(window_loss / window_n, 4),
+                "accuracy": round(window_hits / window_n, 4),
+                "lr": lr_at(step, cfg),
+                "elapsed_s": round(time.perf_counter() - started, 1),
+            }
+            log_file.write(json.dumps(record) + "\n")
+            log_file.flush()
+            if bar is not None:
+                bar.set_postfix(loss=record["loss"], acc=record["accuracy"])
+            window_loss, window_hits, window_n = 0.0, 0, 0
+    log_file.close()
+    elapsed = time.perf_counter() - started
+
+    model.save_pretrained(str(out))
+    adapter_config = out / "adapter_config.json"
+    conf = json.loads(adapter_config.read_text())
+    conf["base_model_name_or_path"] = cfg.base_model_name
+    adapter_config.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
+    write_prompt_format(out, tokenizer)
+    recipe = Path(cfg.data_dir) / "recipe.json"
+    if recipe.exists():
+        (out / "data_recipe.json").write_text(recipe.read_text())
+    summary = {
+        "train_claims": len(rows),
+        "skipped_too_long": skipped,
+        "trainable_parameters": n_trainable,
+        "train_seconds": round(elapsed, 1),
+        "seconds_per_step": round(elapsed / cfg.max_steps, 2),
+        "torch": torch.__version__,
+    }
+    (out / "train_config.json").write_text(
+        json.dumps({"config": asdict(cfg), "summary": summary}, indent=2) + "\n"
+    )
+    return summary
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.name == "target_modules":
+            parser.add_argument(flag, nargs="+", default=None)
+        elif f.name in ("base_model", "data_dir", "out_dir"):
+            parser.add_argument(
+                flag if f.name != "data_dir" else "--data", dest=f.name, required=True
+            )
+        else:
+            parser.add_argument(
+                flag, type=type(f.default) if f.default is not None else str, default=f.default
+            )
+    args = vars(parser.parse_args(argv))
+    if args["target_modules"] is None:
+        args.pop("target_modules")
+    return TrainConfig(**args)
+
+
+def main(argv: list[str] | None = None) -> None:
+    cfg = parse_args(argv)
+    print(json.dumps(train(cfg)))
+
+
+if __name__ == "__main__":
+    main()
