@@ -148,7 +148,8 @@ _WORD_FORMS: list[tuple[re.Pattern[str], str]] = [
     for p, r in [
         (r"the sum of (?P<a>.+?) and (?P<b>.+)", "({a})+({b})"),
         (r"adding (?P<a>.+?) (?:and|to) (?P<b>.+)", "({a})+({b})"),
-        (r"the difference between (?P<a>.+?) and (?P<b>.+)", "abs(({a})-({b}))"),
+        # a-b or |a-b|? only decided when both readings agree (a >= b)
+        (r"the difference between (?P<a>.+?) and (?P<b>.+)", "({a})-({b})"),
         (r"subtracting (?P<b>.+?) from (?P<a>.+)", "({a})-({b})"),
         (r"the product of (?P<a>.+?) and (?P<b>.+)", "({a})*({b})"),
         (r"multiplying (?P<a>.+?) by (?P<b>.+)", "({a})*({b})"),
@@ -202,6 +203,8 @@ def _expr_value(text: str, depth: int = 0) -> Fraction | float | None:
             values = {k: _expr_value(v, depth + 1) for k, v in parts.items()}
             if any(v is None for v in values.values()):
                 continue
+            if "difference" in pattern.pattern and values["a"] < values["b"]:  # type: ignore[operator]
+                return None
             expr = template.format(**{k: _as_literal(v) for k, v in values.items()})
             try:
                 return evaluate(expr)

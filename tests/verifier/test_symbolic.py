@@ -35,7 +35,8 @@ def verdict(statement: str, context: str = "") -> bool | None:
         ("The product of 4 and 5 is 21.", False),
         ("7 multiplied by 8 equals 56.", True),
         ("Subtracting 8 from 20 gives 12.", True),
-        ("The difference between 3 and 10 is 7", True),
+        ("The difference between 10 and 3 is 7", True),
+        ("The difference between 10 and 3 is -7", False),
         ("half of 50 is 25", True),
         ("twice 7 is 15", False),
         ("0.1 + 0.2 = 0.3", True),
@@ -102,6 +103,8 @@ def test_decides_checkable_claims(statement: str, expected: bool) -> None:
         "1251 ml = 1.25 l",  # two written numbers that agree only after rounding
         "The percentage increase from 50 to 60 is 20",  # 20 or 0.2?
         "1/0 = 5",
+        "The difference between 3 and 10 is 7",  # 7 or -7?
+        "The difference between 8 and 17 is -9",
         "x = 5",
         "The answer is 5.",  # no context to check it against
         "30 °C is 86 °F",
