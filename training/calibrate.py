@@ -20,10 +20,15 @@ from training.scoring import load_model, load_tokenizer, prompt_format, score_ro
 
 
 def calibrate(
-    base_model: str, adapter: str | None, data_dir: str, split: str = "val", threads: int = 1
+    base_model: str,
+    adapter: str | None,
+    data_dir: str,
+    split: str = "val",
+    threads: int = 1,
+    limit: int | None = None,
 ) -> dict[str, object]:
     set_threads(threads)
-    rows = read_jsonl(Path(data_dir) / f"{split}.jsonl")
+    rows = read_jsonl(Path(data_dir) / f"{split}.jsonl")[:limit]
     tokenizer = load_tokenizer(base_model)
     model = load_model(base_model, adapter)
     logits = score_rows(model, tokenizer, rows, prompt_format(adapter), progress=True)
@@ -48,8 +53,11 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--data", required=True, help="directory with val.jsonl")
     parser.add_argument("--split", default="val")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--limit", type=int, default=None, help="first N claims of the split")
     args = parser.parse_args(argv)
-    result = calibrate(args.base_model, args.adapter, args.data, args.split, args.threads)
+    result = calibrate(
+        args.base_model, args.adapter, args.data, args.split, args.threads, args.limit
+    )
     (Path(args.adapter) / "calibration.json").write_text(json.dumps(result, indent=2) + "\n")
     print(json.dumps(result))
 

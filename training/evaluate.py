@@ -53,15 +53,16 @@ def evaluate(
         model = load_model(base_model, adapter_dir)
         fmt = prompt_format(adapter)  # the same prompt for both models
         started = time.perf_counter()
-        scored = {
-            s: score_rows(model, tokenizer, rows, fmt, progress=True) for s, rows in data.items()
-        }
-        seconds = time.perf_counter() - started
-        val_labels = [bool(r["label"]) for r in data["val"]]
         calibration = Path(adapter_dir or "", "calibration.json")
-        if adapter_dir and calibration.exists():
+        fitted = bool(adapter_dir) and calibration.exists()
+        # the validation split is scored only when a temperature must be fitted here
+        needed = [s for s in data if s != "val" or not fitted]
+        scored = {s: score_rows(model, tokenizer, data[s], fmt, progress=True) for s in needed}
+        seconds = time.perf_counter() - started
+        if fitted:
             temperature = float(json.loads(calibration.read_text())["temperature"])
         else:
+            val_labels = [bool(r["label"]) for r in data["val"]]
             temperature = fit_temperature(scored["val"], val_labels)
         entry: dict[str, Any] = {"temperature": round(temperature, 6)}
         for split in splits:
@@ -71,7 +72,7 @@ def evaluate(
                 "calibrated": report(scored[split], labels, temperature),
                 "accuracy_by_kind": _by_kind(data[split], scored[split], temperature),
             }
-        n_scored = sum(len(r) for r in data.values())
+        n_scored = sum(len(data[s]) for s in needed)
         entry["seconds_per_claim"] = round(seconds / max(n_scored, 1), 4)
         results[name] = entry
         del model
