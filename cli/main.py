@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from cli.models import models_app
 from services.settings import OrchestratorSettings, PlannerSettings, VerifierSettings
 from services.trace_es import flatten_ecs
 
@@ -26,16 +27,9 @@ app = typer.Typer(
 )
 console = Console()
 err = Console(stderr=True)
+app.add_typer(models_app, name="models", help="Pull and list the model catalog.")
 
 SERVICES = (("planner", 8001), ("verifier", 8002), ("orchestrator", 8000))
-
-
-def _mount_optional() -> None:
-    try:
-        from cli.models import models_app
-    except ImportError:  # pragma: no cover - present in every full checkout
-        return
-    app.add_typer(models_app, name="models", help="Pull and list the model catalog.")
 
 
 # --------------------------------------------------------------------------- serve
@@ -345,6 +339,3 @@ def db_init(
 
 def _is_trace_id(value: str) -> bool:
     return len(value) == 32 and all(c in "0123456789abcdef" for c in value)
-
-
-_mount_optional()
