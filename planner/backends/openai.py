@@ -9,6 +9,7 @@ anything that speaks `POST {base_url}/chat/completions` with `response_format` o
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass, field
 from typing import Any
 
 import httpx
@@ -30,6 +31,13 @@ class OpenAIBackendError(DependencyUnavailable):
     """The OpenAI-compatible endpoint is unreachable, slow, or answered an error."""
 
     error_type = "planner_backend_unavailable"
+
+
+@dataclass
+class OpenAIGeneration(Generation):
+    """A generation plus each sample's `finish_reason` ("stop", "length", ...)."""
+
+    finish_reasons: list[str] = field(default_factory=list)
 
 
 class OpenAIBackend:
@@ -105,17 +113,24 @@ class OpenAIBackend:
         if not isinstance(choices, list) or not choices:
             raise OpenAIBackendError(f"{self.base_url}/chat/completions answered without choices")
         texts: list[str] = []
+        reasons: list[str] = []
         for choice in sorted(choices, key=lambda c: c.get("index", 0)):
             message = choice.get("message") or {}
             content = message.get("content")
             # A refusal or an empty message is still a sample: the service's validation
             # rejects it and retries, so it is passed on as text rather than dropped.
             texts.append(content if isinstance(content, str) else "")
+            reasons.append(str(choice.get("finish_reason") or "unknown"))
+        if cut := reasons.count("length"):
+            log.warning(
+                "plan samples cut at max_tokens", samples=cut, max_tokens=request.max_tokens
+            )
         usage = body.get("usage") or {}
-        return Generation(
+        return OpenAIGeneration(
             texts=texts,
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or 0),
+            finish_reasons=reasons,
         )
 
     async def _request(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:

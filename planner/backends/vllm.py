@@ -209,6 +209,8 @@ class VllmBackend:
         if final is None or not final.finished:
             raise DependencyUnavailable("vllm ended the request without a final output")
         completions = sorted(final.outputs, key=lambda o: o.index)
+        if cut := sum(c.finish_reason == "length" for c in completions):
+            log.warning("plan samples cut at max_tokens", samples=cut, max_tokens=params.max_tokens)
         return Generation(
             texts=[c.text for c in completions],
             prompt_tokens=len(final.prompt_token_ids or ids),
