@@ -29,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from planner.backends.base import GenerationRequest  # noqa: E402
+from planner.backends.base import Generation, GenerationRequest  # noqa: E402
 from planner.backends.vllm import VllmBackend  # noqa: E402
 from planner.prompting import build_messages, few_shot  # noqa: E402
 from services.errors import PlanInvalid  # noqa: E402
@@ -129,11 +129,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     }
 
 
-async def generate_free(backend: VllmBackend, request: GenerationRequest):  # type: ignore[no-untyped-def]
+async def generate_free(backend: VllmBackend, request: GenerationRequest) -> Generation:
     """The same request without the schema, to measure what constraining costs."""
     from vllm.sampling_params import RequestOutputKind, SamplingParams
-
-    from planner.backends.base import Generation
 
     ids = backend.prompt_token_ids(request.messages)
     params = SamplingParams(

@@ -73,7 +73,12 @@ class OpenAIBackend:
             transport=self._transport,
         )
         body = await self._request("GET", "/models")
-        served = [m.get("id") for m in body.get("data", []) if isinstance(m, dict) and m.get("id")]
+        data = body.get("data")
+        served: list[str] = [
+            m["id"]
+            for m in (data if isinstance(data, list) else [])
+            if isinstance(m, dict) and isinstance(m.get("id"), str) and m["id"]
+        ]
         if not served:
             raise OpenAIBackendError(f"{self.base_url}/models lists no models")
         wanted = self.settings.openai_model
