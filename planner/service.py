@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import asyncio
 import time
 
@@ -84,6 +85,7 @@ class PlannerService:
             for text in generation.texts:
                 try:
                     plan = parse_plan(text, names)
+                    check_python_steps(plan)
                 except PlanInvalid as exc:
                     PLANS.labels("invalid").inc()
                     errors.append(exc.message)
@@ -127,3 +129,36 @@ class PlannerService:
 def _feedback(original: str | None, error: str) -> str:
     note = f"Your last plan was invalid: {error}. Answer with a plan that fixes this."
     return f"{original}\n{note}" if original else note
+
+
+def check_python_steps(plan: Plan) -> None:
+    """Catch python steps that cannot give an answer, so the model is asked again.
+
+    The code is only parsed here, never run (the orchestrator's sandbox runs it). A step
+    must be valid Python, and the answer step must end with an expression or assign
+    `result`, otherwise the sandbox would return nothing.
+    """
+    for step in plan.steps:
+        if step.tool != "python":
+            continue
+        try:
+            tree = ast.parse(step.input)
+        except SyntaxError as exc:
+            raise PlanInvalid(
+                f"python step {step.id} is not valid Python: {exc.msg} (line {exc.lineno})"
+            ) from None
+        except (ValueError, RecursionError, MemoryError):
+            raise PlanInvalid(f"python step {step.id} cannot be parsed") from None
+        if step.id != plan.answer_step or not tree.body:
+            continue
+        last = tree.body[-1]
+        assigns_result = any(
+            isinstance(node, ast.Name) and node.id == "result" and isinstance(node.ctx, ast.Store)
+            for stmt in tree.body
+            for node in ast.walk(stmt)
+        )
+        if not isinstance(last, ast.Expr) and not assigns_result:
+            raise PlanInvalid(
+                f"python step {step.id} is the answer step but gives no value: "
+                "end its code with `result = <final answer>`"
+            )

@@ -103,6 +103,8 @@ async def test_invalid_plan_is_retried_with_the_error_fed_back() -> None:
             "cycle",
         ),
         (plan(extra_field="x"), "extra_field"),
+        (plan("total = (3 +"), "not valid Python"),
+        (plan("apples = 3\ntotal = apples * 2"), "gives no value"),
         ({"reasoning": "no steps", "steps": [], "answer_step": "s1"}, "steps"),
     ],
 )
