@@ -45,6 +45,7 @@ MODES: dict[str, PipelineMode | None] = {
 
 DIRECT_MAX_TOKENS = 320  # CoT answers of the few-shot examples are ~60-90 tokens
 ANSWER_TEXT_MAX_CHARS = 4000
+PLAN_FAILURE_TYPES = {"planning_failed", "plan_invalid"}
 
 Runner = Callable[[Item], Awaitable[dict[str, Any]]]
 
@@ -143,7 +144,10 @@ class ReasonRunner:
                 f"{r.status_code} {detail.get('type', 'error')}: {detail.get('message', r.text[:300])}"
             )
             record["trace_id"] = data.get("trace_id") if isinstance(data, dict) else None
-            record["schema_valid"] = False  # no plan came back
+            # Only a planner that gave up on producing a valid plan counts against plan
+            # validity; a timeout or an unreachable dependency says nothing about it.
+            if detail.get("type") in PLAN_FAILURE_TYPES:
+                record["schema_valid"] = False
             record["latency_ms"]["total"] = client_ms
             return record
         score(record, data.get("answer"), item.gold)

@@ -42,7 +42,9 @@ class GroupSummary:
     accuracy: float
     ci95: tuple[float, float]
     errors: int
-    schema_valid: float | None  # share of items with a plan (pipeline modes)
+    # share of plan-bearing answers among items where the planner finished (pipeline
+    # modes): timeouts and unreachable services are left out, planning failures count
+    schema_valid: float | None
     latency_ms: dict[str, dict[str, float]]  # stage -> {"p50", "p95", "n"}
     cache_hit_rate: float | None
     judged: int = 0  # items the verifier gave a verdict on
@@ -76,7 +78,8 @@ def summarize(records: list[dict[str, Any]]) -> list[GroupSummary]:
                     "p95": percentile(values, 95),
                     "n": len(values),
                 }
-        pipeline = [r for r in rows if r.get("schema_valid") is not None]
+        pipeline = [r for r in rows if r.get("mode") != "direct"]
+        planned = [r for r in pipeline if r.get("schema_valid") is not None]
         judged = [
             r
             for r in rows
@@ -92,7 +95,7 @@ def summarize(records: list[dict[str, Any]]) -> list[GroupSummary]:
             ci95=wilson_interval(correct, n),
             errors=n - len(ok),
             schema_valid=(
-                sum(bool(r["schema_valid"]) for r in pipeline) / len(pipeline) if pipeline else None
+                sum(bool(r["schema_valid"]) for r in planned) / len(planned) if planned else None
             ),
             latency_ms=latency,
             cache_hit_rate=(

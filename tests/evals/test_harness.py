@@ -181,3 +181,47 @@ def test_writer_starts_a_fresh_line_after_a_torn_one(tmp_path: Path) -> None:
     with ResultWriter(out) as w:
         w.write({"id": "c", "mode": "plan"})
     assert [r["id"] for r in iter_results(out)] == ["a", "c"]
+
+
+async def test_reason_runner_maps_failures() -> None:
+    import httpx
+
+    from evals.modes import ReasonRunner
+
+    bodies = {
+        "slow": (
+            503,
+            {
+                "error": {"type": "dependency_unavailable", "message": "planner did not answer"},
+                "trace_id": "a" * 32,
+            },
+        ),
+        "bad": (
+            502,
+            {
+                "error": {"type": "planning_failed", "message": "no valid plan"},
+                "trace_id": "b" * 32,
+            },
+        ),
+    }
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        sent.append(body)
+        status, payload = bodies[body["question"]]
+        return httpx.Response(status, json=payload)
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        run = ReasonRunner(client, "http://o", "plan+verify+sc5", dataset="d", model="m")
+        slow = await run(Item("1", "slow", 3, "3"))
+        bad = await run(Item("2", "bad", 3, "3"))
+    assert sent[0]["options"] == {
+        "n_plans": 5,
+        "verify": True,
+        "use_cache": False,
+        "deadline_s": 120.0,
+    }
+    assert slow["error"].startswith("503 dependency_unavailable") and slow["schema_valid"] is None
+    assert bad["error"].startswith("502 planning_failed") and bad["schema_valid"] is False
+    assert bad["trace_id"] == "b" * 32 and bad["correct"] is False
