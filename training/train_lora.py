@@ -17,6 +17,7 @@ import argparse
 import json
 import math
 import random
+import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
@@ -227,6 +228,13 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     conf["base_model_name_or_path"] = cfg.base_model_name
     adapter_config.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
     write_prompt_format(out, tokenizer)
+    # peft writes a blank model card; replace it with what reproduces this adapter
+    (out / "README.md").write_text(
+        f"# LoRA verifier adapter for {cfg.base_model_name}\n\n"
+        "Made by `training/train_lora.py`; the config, data recipe and loss curve are in "
+        "`train_config.json`, `data_recipe.json` and `train_log.jsonl` beside this file.\n\n"
+        "```\npython -m training.train_lora " + " ".join(sys.argv[1:]) + "\n```\n"
+    )
     recipe = Path(cfg.data_dir) / "recipe.json"
     if recipe.exists():
         (out / "data_recipe.json").write_text(recipe.read_text())
