@@ -309,6 +309,7 @@ def claim(question: str, execution: Execution) -> dict[str, str]:
             if step.status in ("ok", "fallback")
             else f"{step.id} [{step.tool}] {step.input!r} -> {step.status}"
         )
+    lines.append(f"answer_step: {execution.plan.answer_step}")
     context = f"Plan: {execution.plan.reasoning}\nSteps:\n" + "\n".join(lines)
     return {
         "question": question[:4000],
