@@ -1,0 +1,298 @@
+"""Benchmark the planner on GSM8K train questions.
+
+For one backend and model it measures: load time and resident memory; schema-valid
+plans (the model's first completion, and after the service's validation + retry);
+plans per second; decode tokens per second with the plan grammar and without it (the
+cost of constraining); and how often the plan's answer is right when its steps are run
+by the orchestrator's real tools (python in the sandbox, calc, ...).
+
+Questions are a seeded sample of GSM8K train, without the few-shot examples. The last
+line of output is one JSON object with the figures.
+
+    .venv/bin/python scripts/bench_planner.py --model qwen2.5-coder-0.5b-instruct --limit 200
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import platform
+import random
+import sys
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from planner.backends import create_backend  # noqa: E402
+from planner.backends.base import Generation, GenerationRequest  # noqa: E402
+from planner.prompting import build_messages, few_shot  # noqa: E402
+from planner.service import PlannerService  # noqa: E402
+from services.arith import numbers_close, parse_number  # noqa: E402
+from services.errors import PlanInvalid, PlanningFailed  # noqa: E402
+from services.plans import parse_plan  # noqa: E402
+from services.schemas import PlanRequest, plan_json_schema  # noqa: E402
+from services.settings import OrchestratorSettings, PlannerSettings  # noqa: E402
+from services.toolspecs import DEFAULT_TOOLS, tool_names  # noqa: E402
+
+DATASET = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.norm.jsonl"
+
+
+def rss_mib(field: str = "VmRSS") -> float:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field + ":"):
+            return int(line.split()[1]) / 1024
+    return 0.0
+
+
+def load_questions(limit: int, seed: int) -> list[dict[str, Any]]:
+    shots = {example.get("question") for example in few_shot()}
+    items = [json.loads(line) for line in DATASET.read_text().split("\n") if line.strip()]
+    items = [item for item in items if item["question"] not in shots]
+    return random.Random(seed).sample(items, min(limit, len(items)))
+
+
+class Recorder:
+    """Wraps a backend and keeps every generation with the backend's timing stats."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.name = backend.name
+        self.model = backend.model
+        self.calls: list[tuple[Generation, Any]] = []
+
+    async def load(self) -> None:
+        await self.backend.load()
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        generation = await self.backend.generate(request)
+        self.calls.append((generation, getattr(self.backend, "last_stats", None)))
+        return generation
+
+
+def is_valid(text: str) -> bool:
+    try:
+        parse_plan(text, tool_names())
+    except PlanInvalid:
+        return False
+    return True
+
+
+def decode_rate(stats: list[Any]) -> tuple[float, int, float]:
+    tokens = sum(s.completion_tokens for s in stats)
+    seconds = sum(s.wall_s - s.prompt_eval_s for s in stats)
+    return (tokens / seconds if seconds > 0 else 0.0), tokens, seconds
+
+
+async def make_executor(stack: AsyncExitStack) -> Any:
+    from orchestrator.cache import MemoryCache
+    from orchestrator.executor import PlanExecutor
+    from orchestrator.tools import build_registry
+
+    registry = await build_registry(OrchestratorSettings(), MemoryCache(), stack)
+    return PlanExecutor(registry)
+
+
+def correct(answer: str | None, gold: str) -> bool:
+    if answer is None:
+        return False
+    value = parse_number(answer.strip().strip('"'))
+    return value is not None and numbers_close(value, gold, rel_tol=1e-6, abs_tol=1e-6)
+
+
+async def main(args: argparse.Namespace) -> dict[str, Any]:
+    settings = PlannerSettings(
+        backend=args.backend,
+        model=args.model,
+        n_threads=args.threads,
+        max_tokens=args.max_tokens,
+        seed=args.seed,
+        **({"temperature": args.temperature} if args.temperature is not None else {}),
+    )
+    questions = load_questions(args.limit, args.seed)
+    if args.records:
+        Path(args.records).write_text("")  # noqa: ASYNC240 (before any work starts)
+    load_avg_start = os.getloadavg()
+    recorder = Recorder(create_backend(settings))
+    service = PlannerService(recorder, settings)
+    rss_before = rss_mib()
+    started = time.perf_counter()
+    await service.load()
+    load_s = time.perf_counter() - started
+    if not service.ready:
+        raise SystemExit(f"model failed to load: {service.load_error}")
+    rss_loaded = rss_mib()
+    print(f"loaded {settings.model} in {load_s:.1f} s, RSS {rss_loaded:.0f} MiB", flush=True)
+
+    records: list[dict[str, Any]] = []
+    async with AsyncExitStack() as stack:
+        executor = await make_executor(stack) if args.execute else None
+        loop = asyncio.get_running_loop()
+        plan_seconds = 0.0
+        for i, item in enumerate(questions, start=1):
+            if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
+                print(f"time budget reached after {i - 1} questions", flush=True)
+                break
+            first_call = len(recorder.calls)
+            t0 = time.perf_counter()
+            plan = None
+            error = None
+            try:
+                response = await service.plan(PlanRequest(question=item["question"]))
+                plan = response.plans[0]
+            except PlanningFailed as exc:
+                error = exc.message
+            elapsed = time.perf_counter() - t0
+            plan_seconds += elapsed
+            calls = recorder.calls[first_call:]
+            record: dict[str, Any] = {
+                "id": item["id"],
+                "gold": item["answer"],
+                "seconds": round(elapsed, 3),
+                "attempts": len(calls),
+                "first_valid": is_valid(calls[0][0].texts[0]) if calls else False,
+                "valid": plan is not None,
+                "error": error,
+                "answer": None,
+                "correct": False,
+            }
+            if plan is not None and executor is not None:
+                execution = await executor.run(plan, deadline=loop.time() + args.exec_timeout_s)
+                record["answer"] = execution.answer
+                record["correct"] = correct(execution.answer, item["answer"])
+                record["steps"] = [s.status for s in execution.steps]
+            if args.keep_plans:
+                record["plan"] = plan.model_dump() if plan else None
+            records.append(record)
+            if args.records:
+                with Path(args.records).open("a") as fh:  # noqa: ASYNC230 (tiny append)
+                    fh.write(json.dumps(record) + "\n")
+            done = sum(r["correct"] for r in records)
+            print(
+                f"[{i}/{len(questions)}] {item['id']} {elapsed:.1f}s attempts={len(calls)} "
+                f"valid={record['valid']} answer={record['answer']!r} gold={item['answer']} "
+                f"correct={done}/{i}",
+                flush=True,
+            )
+        constrained_stats = [stats for _, stats in recorder.calls if stats is not None]
+
+    # Cost of constraining: the same prompts decoded with and without the grammar.
+    unconstrained: dict[str, Any] = {}
+    backend = recorder.backend
+    k = min(args.unconstrained, len(questions))
+    if k and hasattr(backend, "constrained"):
+        schema = plan_json_schema(tool_names())
+        paired_constrained: list[Any] = []
+        free_stats: list[Any] = []
+        free_valid = 0
+        for item in questions[:k]:
+            request = GenerationRequest(
+                messages=build_messages(item["question"], list(DEFAULT_TOOLS)),
+                json_schema=schema,
+                temperature=settings.temperature,
+                top_p=settings.top_p,
+                max_tokens=settings.max_tokens,
+                seed=settings.seed,
+            )
+            backend.constrained = True
+            await backend.generate(request)
+            paired_constrained.append(backend.last_stats)
+            backend.constrained = False
+            generation = await backend.generate(request)
+            free_stats.append(backend.last_stats)
+            free_valid += is_valid(generation.texts[0])
+        backend.constrained = True
+        c_rate, c_tokens, _ = decode_rate(paired_constrained)
+        u_rate, u_tokens, _ = decode_rate(free_stats)
+        unconstrained = {
+            "questions": k,
+            "constrained_decode_tok_s": round(c_rate, 2),
+            "unconstrained_decode_tok_s": round(u_rate, 2),
+            "constrained_slowdown_pct": round(100 * (1 - c_rate / u_rate), 1) if u_rate else None,
+            "constrained_completion_tokens": c_tokens,
+            "unconstrained_completion_tokens": u_tokens,
+            "unconstrained_schema_valid_pct": round(100 * free_valid / k, 1),
+        }
+    await service.backend.close()
+
+    n = len(records)
+    rate, tokens, _ = decode_rate(constrained_stats)
+    figures: dict[str, Any] = {
+        "benchmark": "planner",
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": f"{platform.machine()} {platform.processor() or ''} cpus={_cpus()}".strip(),
+        "backend": settings.backend,
+        "model": settings.model,
+        "questions": n,
+        "questions_requested": len(questions),
+        "sample": f"GSM8K train, random.Random({args.seed}).sample, few-shot items excluded",
+        "temperature": settings.temperature,
+        "max_attempts": settings.max_attempts,
+        "threads": settings.n_threads or _cpus(),
+        "loadavg_1m_start_end": [round(load_avg_start[0], 1), round(os.getloadavg()[0], 1)],
+        "load_s": round(load_s, 2),
+        "rss_before_load_mib": round(rss_before),
+        "rss_loaded_mib": round(rss_loaded),
+        "rss_peak_mib": round(rss_mib("VmHWM")),
+        "schema_valid_first_try_pct": round(
+            100 * sum(r["first_valid"] for r in records) / max(n, 1), 1
+        ),
+        "schema_valid_pct": round(100 * sum(r["valid"] for r in records) / max(n, 1), 1),
+        "mean_attempts": round(sum(r["attempts"] for r in records) / max(n, 1), 2),
+        "plans_per_s": round(n / plan_seconds, 3) if plan_seconds else None,
+        "seconds_per_plan": round(plan_seconds / max(n, 1), 2),
+        "decode_tok_s": round(rate, 2),
+        "completion_tokens": tokens,
+        "executed": bool(args.execute),
+        "answer_accuracy_pct": round(100 * sum(r["correct"] for r in records) / max(n, 1), 1)
+        if args.execute
+        else None,
+        **unconstrained,
+    }
+    return figures
+
+
+def _cpus() -> int:
+    return len(os.sched_getaffinity(0))
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--backend", default="llamacpp", choices=["llamacpp", "vllm", "openai"])
+    parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
+    parser.add_argument("--limit", type=int, default=200, help="questions (the issue asks 200)")
+    parser.add_argument("--seed", type=int, default=0, help="sample and sampling seed")
+    parser.add_argument("--temperature", type=float, default=None, help="default: settings")
+    parser.add_argument("--max-tokens", type=int, default=512)
+    parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
+    parser.add_argument(
+        "--unconstrained",
+        type=int,
+        default=20,
+        help="questions decoded both with and without the grammar (0 to skip)",
+    )
+    parser.add_argument(
+        "--time-budget-s",
+        type=float,
+        default=0,
+        help="stop starting new questions after this long (0: no limit); figures cover "
+        "the questions actually run",
+    )
+    parser.add_argument("--no-execute", dest="execute", action="store_false")
+    parser.add_argument("--exec-timeout-s", type=float, default=10.0)
+    parser.add_argument("--records", help="write one JSON line per question here")
+    parser.add_argument("--keep-plans", action="store_true", help="include plans in --records")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    result = asyncio.run(main(parse_args()))
+    print(json.dumps(result))
