@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from evals.extract import TOLERANCE
+from evals.modes import PLAN_FAILURE_TYPES
 from evals.routing import routing_analysis, routing_markdown
 from evals.stats import (
     ECE_BINS,
@@ -52,6 +53,19 @@ class GroupSummary:
     calibration: list[CalibrationBin] = field(default_factory=list)
 
 
+def planner_finished(record: dict[str, Any]) -> bool:
+    """The planner either returned a plan or gave up on making a valid one.
+
+    A timeout or an unreachable service (error `"503 dependency_unavailable: ..."`) says
+    nothing about plan validity, so such items are left out of the schema-valid share.
+    """
+    error = record.get("error")
+    if error is None:
+        return True
+    head = str(error).split(":", 1)[0].split()
+    return len(head) == 2 and head[0].isdigit() and head[1] in PLAN_FAILURE_TYPES
+
+
 def _mode_rank(mode: str) -> tuple[int, str]:
     return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
 
@@ -79,7 +93,7 @@ def summarize(records: list[dict[str, Any]]) -> list[GroupSummary]:
                     "n": len(values),
                 }
         pipeline = [r for r in rows if r.get("mode") != "direct"]
-        planned = [r for r in pipeline if r.get("schema_valid") is not None]
+        planned = [r for r in pipeline if planner_finished(r)]
         judged = [
             r
             for r in rows

@@ -100,8 +100,20 @@ def test_accuracy_interval_errors_and_schema_validity() -> None:
     assert s["direct"].ci95 == wilson_interval(2, 10)
     assert s["direct"].schema_valid is None and s["direct"].cache_hit_rate is None
     assert s["plan"].accuracy == 0.5 and s["plan"].errors == 1
-    assert s["plan"].schema_valid == pytest.approx(0.9)
+    # the errored item timed out: it says nothing about plan validity and is left out
+    assert s["plan"].schema_valid == pytest.approx(1.0)
     assert s["plan"].cache_hit_rate == pytest.approx(0.1)
+
+
+def test_planning_failures_count_against_schema_validity() -> None:
+    records = [
+        rec("a", "plan", True, verdict="unverified"),
+        rec("b", "plan", False, schema_valid=False, error="502 planning_failed: no valid plan"),
+        rec("c", "plan", False, schema_valid=False, error="503 dependency_unavailable: slow"),
+        rec("d", "plan", False, schema_valid=None, error="client timeout after 150 s"),
+    ]
+    [s] = summarize(records)
+    assert s.schema_valid == pytest.approx(0.5) and s.errors == 3 and s.accuracy == 0.25
 
 
 def test_latency_percentiles_per_stage() -> None:
