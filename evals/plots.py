@@ -44,6 +44,10 @@ def plot_accuracy_latency(summaries: list[GroupSummary], path: Path) -> bool:
             label=f"{s.dataset} · {s.mode} (n={s.n})",
         )
     ax.set_xscale("log")
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
+
+    ax.xaxis.set_major_formatter(ScalarFormatter())
+    ax.xaxis.set_minor_formatter(NullFormatter())
     ax.set_xlabel("median latency per item, s (log scale)")
     ax.set_ylabel("accuracy, % (95% Wilson interval)")
     ax.set_ylim(0, 100)
