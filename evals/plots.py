@@ -43,12 +43,17 @@ def plot_accuracy_latency(summaries: list[GroupSummary], path: Path) -> bool:
             capsize=3,
             label=f"{s.dataset} · {s.mode} (n={s.n})",
         )
-    ax.set_xscale("log")
-    from matplotlib.ticker import NullFormatter, ScalarFormatter
+    xs = [s.latency_ms["total"]["p50"] / 1000 for s in points]
+    if min(xs) > 0 and max(xs) / min(xs) > 10:  # log scale only across decades
+        from matplotlib.ticker import ScalarFormatter
 
-    ax.xaxis.set_major_formatter(ScalarFormatter())
-    ax.xaxis.set_minor_formatter(NullFormatter())
-    ax.set_xlabel("median latency per item, s (log scale)")
+        ax.set_xscale("log")
+        ax.xaxis.set_major_formatter(ScalarFormatter())
+        scale = " (log scale)"
+    else:
+        ax.set_xlim(0, max(xs) * 1.15)
+        scale = ""
+    ax.set_xlabel(f"median latency per item, s{scale}")
     ax.set_ylabel("accuracy, % (95% Wilson interval)")
     ax.set_ylim(0, 100)
     ax.set_title("Accuracy against latency per mode")
