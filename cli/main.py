@@ -18,6 +18,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.tree import Tree
 
+from cli.eval import eval_app
 from cli.models import models_app
 from services.settings import OrchestratorSettings, PlannerSettings, VerifierSettings
 from services.trace_es import flatten_ecs
@@ -28,6 +29,7 @@ app = typer.Typer(
 console = Console()
 err = Console(stderr=True)
 app.add_typer(models_app, name="models", help="Pull and list the model catalog.")
+app.add_typer(eval_app, name="eval", help="Evaluate the pipeline on a dataset and report.")
 
 SERVICES = (("planner", 8001), ("verifier", 8002), ("orchestrator", 8000))
 
