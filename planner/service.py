@@ -66,6 +66,7 @@ class PlannerService:
         feedback = request.feedback
         errors: list[str] = []
         duplicates = 0
+        weak: list[Plan] = []
         for attempt in range(self.settings.max_attempts):
             want = request.n - len(plans)
             gen_request = GenerationRequest(
@@ -85,7 +86,6 @@ class PlannerService:
             for text in generation.texts:
                 try:
                     plan = parse_plan(text, names)
-                    check_python_steps(plan)
                 except PlanInvalid as exc:
                     PLANS.labels("invalid").inc()
                     errors.append(exc.message)
@@ -93,6 +93,20 @@ class PlannerService:
                         "invalid plan from model",
                         attempt=attempt,
                         **{"error.type": "plan_invalid", "error.message": exc.message},
+                    )
+                    continue
+                try:
+                    check_python_steps(plan)
+                except PlanInvalid as exc:
+                    # A valid plan that will likely not answer: ask again, but keep it in
+                    # case no attempt does better.
+                    PLANS.labels("weak").inc()
+                    errors.append(exc.message)
+                    weak.append(plan)
+                    log.warning(
+                        "weak plan from model",
+                        attempt=attempt,
+                        **{"error.type": "plan_weak", "error.message": exc.message},
                     )
                     continue
                 key = plan.model_dump_json()
@@ -106,6 +120,11 @@ class PlannerService:
                 break
             if errors:
                 feedback = _feedback(request.feedback, errors[-1])
+        for plan in weak:  # valid plans that failed only the python check, as a last resort
+            key = plan.model_dump_json()
+            if len(plans) < request.n and key not in seen:
+                seen.add(key)
+                plans.append(plan)
         if 0 < len(plans) < request.n:
             log.warning(
                 "fewer distinct plans than requested",
@@ -133,6 +152,9 @@ def _feedback(original: str | None, error: str) -> str:
 
 def check_python_steps(plan: Plan) -> None:
     """Catch python steps that cannot give an answer, so the model is asked again.
+
+    The plan itself is valid (schema and DAG); when no attempt does better, it is still
+    returned rather than failing the request.
 
     The code is only parsed here, never run (the orchestrator's sandbox runs it). A step
     must be valid Python, and the answer step must end with an expression or assign

@@ -118,6 +118,17 @@ async def test_each_kind_of_invalid_plan_is_fed_back(bad: dict[str, Any], reason
     assert reason in backend.requests[1].messages[-1]["content"]
 
 
+async def test_answerless_python_is_retried_then_returned_as_last_resort() -> None:
+    question = "How many?"
+    weak = plan("apples = 3\ntotal = apples * 2")  # valid plan, but gives no value
+    backend = RecordingBackend({question: [json.dumps(weak)]})
+    service = await ready_service(backend, max_attempts=3)
+    response = await service.plan(PlanRequest(question=question))
+    assert response.plans == [Plan.model_validate(weak)]
+    assert len(backend.requests) == 3
+    assert "result = <final answer>" in backend.requests[1].messages[-1]["content"]
+
+
 async def test_bounded_attempts_then_planning_failed() -> None:
     question = "Say hello"
     backend = RecordingBackend({question: ["hello"]})
