@@ -213,7 +213,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         c_rate, c_tokens, _ = decode_rate(paired_constrained)
         u_rate, u_tokens, _ = decode_rate(free_stats)
         unconstrained = {
-            "questions": k,
+            "unconstrained_questions": k,
             "constrained_decode_tok_s": round(c_rate, 2),
             "unconstrained_decode_tok_s": round(u_rate, 2),
             "constrained_slowdown_pct": round(100 * (1 - c_rate / u_rate), 1) if u_rate else None,
