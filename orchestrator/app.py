@@ -11,7 +11,7 @@ from typing import Any
 import httpx
 import structlog
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import JSONResponse, StreamingResponse
+from fastapi.responses import StreamingResponse
 
 from orchestrator.cache import Cache, create_cache
 from orchestrator.service import ReasonService
@@ -19,7 +19,7 @@ from orchestrator.tools import build_registry
 from orchestrator.tools.base import ToolContext
 from orchestrator.tools.registry import ToolRegistry
 from services import tracing
-from services.app import create_service_app, sse_event
+from services.app import cancel_on_disconnect, create_service_app, sse_event
 from services.errors import NotFound, ServiceError, Unauthorized, error_body
 from services.http import ServiceClient
 from services.logging import configure_logging
@@ -117,7 +117,7 @@ def create_app(
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await _cancel_on_disconnect(request, service.reason(body, tenant=tenant))
+        return await cancel_on_disconnect(request, service.reason(body, tenant=tenant))
 
     @app.post("/tools/{name}/run", response_model=ToolRunResult)
     async def run_tool(
@@ -135,30 +135,6 @@ def create_app(
         return outcome.result
 
     return app
-
-
-async def _cancel_on_disconnect(request: Request, work: Any) -> Any:
-    """Run the request's work; if the client goes away first, cancel it."""
-    task = asyncio.ensure_future(work)
-
-    async def disconnected() -> None:
-        while True:
-            message = await request.receive()
-            if message["type"] == "http.disconnect":
-                return
-
-    watcher = asyncio.ensure_future(disconnected())
-    try:
-        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
-    finally:
-        watcher.cancel()
-    if not task.done():
-        task.cancel()
-        log.info("client disconnected, work cancelled", **{"event.action": "reason.cancelled"})
-        return JSONResponse(
-            {"error": {"type": "client_closed", "message": "client closed"}}, status_code=499
-        )
-    return task.result()
 
 
 async def _stream(service: ReasonService, body: ReasonRequest, tenant: str) -> AsyncIterator[str]:

@@ -2,14 +2,17 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Request
 
 from planner.backends import create_backend
 from planner.service import PlannerService
-from services.app import create_service_app
+from services.app import cancel_on_disconnect, create_service_app
 from services.logging import configure_logging
 from services.schemas import PlanRequest, PlanResponse
 from services.settings import PlannerSettings
@@ -26,10 +29,15 @@ def create_app(
 
     @asynccontextmanager
     async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        await planner.load()
+        # Load in the background: /healthz answers at once, /readyz says "loading" until
+        # the model is up, and /plan answers 503 with the reason meanwhile.
+        loading = asyncio.create_task(planner.load())
         try:
             yield
         finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
             await planner.backend.close()
 
     app = create_service_app(
@@ -41,9 +49,10 @@ def create_app(
     app.state.planner = planner
 
     @app.post("/plan", response_model=PlanResponse, response_model_exclude_none=True)
-    async def plan(body: PlanRequest, request: Request) -> PlanResponse:
+    async def plan(body: PlanRequest, request: Request) -> Any:
         service: PlannerService = request.app.state.planner
-        return await service.plan(body)
+        # A caller that gives up (its deadline passed) frees the model for the next one.
+        return await cancel_on_disconnect(request, service.plan(body))
 
     return app
 

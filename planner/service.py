@@ -46,6 +46,10 @@ class PlannerService:
 
     async def readiness(self) -> tuple[bool, str]:
         if self.ready:
+            health = getattr(self.backend, "health", None)
+            problem = health() if health is not None else None
+            if problem:  # e.g. the vLLM engine died after loading
+                return False, problem
             return True, f"{self.backend.name}:{self.backend.model} loaded"
         return False, self.load_error or "model loading"
 

@@ -7,6 +7,7 @@ and content-type checks, and one canonical log line per request.
 
 from __future__ import annotations
 
+import asyncio
 import json
 import time
 from collections.abc import Awaitable, Callable
@@ -241,3 +242,30 @@ def create_service_app(
 
 def sse_event(event: str, data: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+async def cancel_on_disconnect(request: Request, work: Any) -> Any:
+    """Run the request's work; if the client goes away first, cancel it."""
+    task = asyncio.ensure_future(work)
+
+    async def disconnected() -> None:
+        while True:
+            message = await request.receive()
+            if message["type"] == "http.disconnect":
+                return
+
+    watcher = asyncio.ensure_future(disconnected())
+    try:
+        await asyncio.wait({task, watcher}, return_when=asyncio.FIRST_COMPLETED)
+    except asyncio.CancelledError:
+        task.cancel()
+        raise
+    finally:
+        watcher.cancel()
+    if not task.done():
+        task.cancel()
+        log.info("client disconnected, work cancelled", **{"event.action": "request.cancelled"})
+        return JSONResponse(
+            {"error": {"type": "client_closed", "message": "client closed"}}, status_code=499
+        )
+    return task.result()

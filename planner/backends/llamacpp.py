@@ -32,6 +32,11 @@ from services.settings import PlannerSettings
 
 log = structlog.get_logger(__name__)
 
+
+class GenerationCancelled(RuntimeError):
+    """The request that asked for this generation went away; the model is free again."""
+
+
 SEED_STRIDE = 7919  # seeds of the k-th sample: seed + k * stride (a prime, so they differ)
 
 
@@ -84,6 +89,7 @@ class LlamaCppBackend:
         self._async_lock = asyncio.Lock()
         self._thread_lock = threading.Lock()
         self._grammars: dict[str, Any] = {}
+        self._active: set[threading.Event] = set()
         self.load_seconds: float | None = None
         self.last_stats = GenerationStats()
 
@@ -118,6 +124,8 @@ class LlamaCppBackend:
         )
 
     async def close(self) -> None:
+        for cancel in list(self._active):  # stop a running generation first
+            cancel.set()
         async with self._async_lock:
             llm, self._llm = self._llm, None
             if llm is not None:
@@ -131,7 +139,15 @@ class LlamaCppBackend:
         if self._llm is None:
             raise RuntimeError("llama.cpp model is not loaded")
         async with self._async_lock:
-            return await asyncio.to_thread(self._generate, request)
+            cancel = threading.Event()
+            self._active.add(cancel)
+            try:
+                return await asyncio.to_thread(self._generate, request, cancel)
+            finally:
+                # A cancelled request (its caller gone or its deadline passed) stops the
+                # generation at the next token instead of holding the model to the end.
+                cancel.set()
+                self._active.discard(cancel)
 
     def grammar(self, schema: dict[str, Any]) -> Any:
         """The compiled grammar of a JSON schema (cached: schemas repeat per tool set)."""
@@ -147,7 +163,7 @@ class LlamaCppBackend:
             self._grammars[key] = grammar
         return grammar
 
-    def _generate(self, request: GenerationRequest) -> Generation:
+    def _generate(self, request: GenerationRequest, cancel: threading.Event) -> Generation:
         from llama_cpp import llama_cpp as lib
 
         grammar = self.grammar(request.json_schema) if self.constrained else None
@@ -162,30 +178,39 @@ class LlamaCppBackend:
             for k in range(request.n):
                 lib.llama_perf_context_reset(llm.ctx)
                 t0 = time.perf_counter()
-                response = llm.create_chat_completion(
+                chunks = llm.create_chat_completion(
                     messages=request.messages,
                     grammar=grammar,
                     temperature=request.temperature,
                     top_p=request.top_p,
                     max_tokens=request.max_tokens,
                     seed=base_seed + k * SEED_STRIDE,
+                    stream=True,
                 )
+                parts: list[str] = []
+                finish_reason = None
+                for chunk in chunks:  # one chunk per token: a cancel lands within a token
+                    if cancel.is_set():
+                        chunks.close()
+                        raise GenerationCancelled("generation cancelled")
+                    choice = chunk["choices"][0]
+                    parts.append(choice.get("delta", {}).get("content") or "")
+                    finish_reason = choice.get("finish_reason") or finish_reason
                 wall = time.perf_counter() - t0
                 perf = lib.llama_perf_context(llm.ctx)
-                usage = response.get("usage") or {}
-                texts.append(response["choices"][0]["message"].get("content") or "")
-                stats.prompt_tokens += int(usage.get("prompt_tokens", 0))
-                stats.completion_tokens += int(usage.get("completion_tokens", 0))
+                texts.append("".join(parts))
+                # Streaming reports no usage: llama.cpp's counters give the tokens decoded
+                # and the prompt tokens evaluated (those not served from the prefix cache).
+                stats.prompt_tokens += perf.n_p_eval
+                stats.completion_tokens += perf.n_eval
                 stats.prompt_eval_s += perf.t_p_eval_ms / 1000
                 stats.prompt_eval_tokens += perf.n_p_eval
                 stats.per_completion.append(
                     {
                         "wall_s": wall,
                         "prompt_eval_s": perf.t_p_eval_ms / 1000,
-                        "completion_tokens": float(usage.get("completion_tokens", 0)),
-                        "finish_reason_length": float(
-                            response["choices"][0].get("finish_reason") == "length"
-                        ),
+                        "completion_tokens": float(perf.n_eval),
+                        "finish_reason_length": float(finish_reason == "length"),
                     }
                 )
             stats.wall_s = time.perf_counter() - started

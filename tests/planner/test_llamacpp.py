@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -43,6 +44,9 @@ def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
         max_tokens=384,
     )
     with TestClient(create_app(settings)) as test_client:
+        deadline = time.monotonic() + 600  # the model loads in the background
+        while test_client.get("/readyz").status_code != 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
         yield test_client
 
 
@@ -161,3 +165,38 @@ def _is_calc_plan(text: str) -> bool:
         return all(step["tool"] == "calc" for step in data["steps"])
     except (ValueError, KeyError, TypeError):
         return False
+
+
+def test_a_cancelled_generation_frees_the_model_at_once() -> None:
+    """A caller that gives up must not leave the model busy until the plan is finished."""
+    import time
+
+    from planner.backends.base import GenerationRequest
+    from planner.backends.llamacpp import LlamaCppBackend
+
+    catalog.pull("smollm2-135m-instruct")
+    backend = LlamaCppBackend(
+        PlannerSettings(backend="llamacpp", model="smollm2-135m-instruct", n_ctx=1024, n_threads=1)
+    )
+    messages = [{"role": "user", "content": "Write a very long story about numbers."}]
+    # The grammar forces 400 numbers, so the model cannot finish early.
+    many = {"type": "array", "items": {"type": "integer"}, "minItems": 400, "maxItems": 400}
+    long = GenerationRequest(messages=messages, json_schema=many, max_tokens=2000)
+    short = GenerationRequest(messages=messages, json_schema={"type": "string"}, max_tokens=4)
+
+    async def scenario() -> float:
+        await backend.load()
+        try:
+            task = asyncio.create_task(backend.generate(long))
+            await asyncio.sleep(1.0)
+            task.cancel()
+            started = time.perf_counter()
+            with pytest.raises(asyncio.CancelledError):
+                await task
+            await backend.generate(short)
+            return time.perf_counter() - started
+        finally:
+            await backend.close()
+
+    # 400 numbers take minutes here; the next request must not wait for them.
+    assert asyncio.run(scenario()) < 10
