@@ -43,12 +43,15 @@ def evaluate(
     splits: list[str],
     threads: int = 1,
     limit: int | None = None,
+    untrained: bool = True,
 ) -> dict[str, Any]:
     set_threads(threads)
     tokenizer = load_tokenizer(base_model)
     data = {s: read_jsonl(Path(data_dir) / f"{s}.jsonl")[:limit] for s in ["val", *splits]}
     results: dict[str, Any] = {}
-    models = [("untrained", None)] + ([("lora", adapter)] if adapter else [])
+    models = ([("untrained", None)] if untrained or not adapter else []) + (
+        [("lora", adapter)] if adapter else []
+    )
     for name, adapter_dir in models:
         model = load_model(base_model, adapter_dir)
         fmt = prompt_format(adapter)  # the same prompt for both models
@@ -91,11 +94,23 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--splits", nargs="+", default=["test", "gsm8k_test"])
     parser.add_argument("--limit", type=int, default=None, help="first N claims of each split")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument(
+        "--untrained",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="also score the base model alone (--no-untrained: only the adapter)",
+    )
     parser.add_argument("--out", type=Path, default=None, help="write the metrics JSON here")
     args = parser.parse_args(argv)
     result: dict[str, Any] = {
         "models": evaluate(
-            args.base_model, args.adapter, args.data, args.splits, args.threads, args.limit
+            args.base_model,
+            args.adapter,
+            args.data,
+            args.splits,
+            args.threads,
+            args.limit,
+            args.untrained,
         )
     }
     text = json.dumps(result, indent=2)

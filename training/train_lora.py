@@ -56,6 +56,11 @@ class TrainConfig:
     weight_decay: float = 0.0  # AdamW decoupled weight decay (per step, times lr)
     grad_clip_norm: float = 1.0  # clip the global L2 norm of gradients to this
     max_seq_tokens: int = 192  # claims whose prompt is longer (in tokens) are skipped
+    # Every batch holds as many TRUE as FALSE claims (batch_size must be even), so the
+    # gradient never just pushes the bias towards the label of an unlucky batch.
+    balanced_batches: bool = False
+    # Stop early (and save) once this many seconds of training have passed; 0 = no limit.
+    time_budget_s: float = 0.0
     # --- machine and records
     threads: int = 1  # torch CPU threads (1 is fastest on a busy 2-core machine)
     log_every: int = 10  # steps between log lines / train_log.jsonl records
@@ -87,6 +92,10 @@ class TrainConfig:
             raise ValueError("min_lr_ratio must be in [0, 1]")
         if self.grad_clip_norm <= 0 or self.weight_decay < 0:
             raise ValueError("grad_clip_norm must be > 0 and weight_decay >= 0")
+        if self.balanced_batches and self.batch_size % 2:
+            raise ValueError("balanced_batches needs an even batch_size")
+        if self.time_budget_s < 0:
+            raise ValueError("time_budget_s must be >= 0 (0 = no limit)")
         if self.max_seq_tokens < 16:
             raise ValueError("max_seq_tokens must be >= 16")
         if self.lora_top_layers < 0:
@@ -118,6 +127,8 @@ def make_batches(
     rows: list[dict[str, Any]], lengths: list[int], cfg: TrainConfig, rng: random.Random
 ) -> list[list[int]]:
     """Index batches for max_steps steps: shuffled, grouped by similar length within pools."""
+    if cfg.balanced_batches:
+        return balanced_batches(rows, lengths, cfg, rng)
     batches: list[list[int]] = []
     while len(batches) < cfg.max_steps:
         order = list(range(len(rows)))
@@ -128,6 +139,40 @@ def make_batches(
             chunk = sorted(order[start : start + pool], key=lambda i: lengths[i])
             epoch += [chunk[k : k + cfg.batch_size] for k in range(0, len(chunk), cfg.batch_size)]
         epoch = [b for b in epoch if len(b) == cfg.batch_size]
+        rng.shuffle(epoch)
+        batches += epoch
+    return batches[: cfg.max_steps]
+
+
+def balanced_batches(
+    rows: list[dict[str, Any]], lengths: list[int], cfg: TrainConfig, rng: random.Random
+) -> list[list[int]]:
+    """Like make_batches, but each batch is half TRUE and half FALSE claims.
+
+    Each label's claims are shuffled and cut into pools; within a pool they are sorted by
+    length, and the k-th shortest TRUE half-batch is paired with the k-th shortest FALSE
+    half-batch of the matching pool, so padding stays small.
+    """
+    half = cfg.batch_size // 2
+    by_label = {
+        label: [i for i, r in enumerate(rows) if bool(r["label"]) is label]
+        for label in (True, False)
+    }
+    if not by_label[True] or not by_label[False]:
+        raise ValueError("balanced_batches needs both TRUE and FALSE training claims")
+    pool = half * 16
+    batches: list[list[int]] = []
+    while len(batches) < cfg.max_steps:
+        halves: dict[bool, list[list[int]]] = {}
+        for label, members in by_label.items():
+            order = list(members)
+            rng.shuffle(order)
+            groups: list[list[int]] = []
+            for start in range(0, len(order), pool):
+                chunk = sorted(order[start : start + pool], key=lambda i: lengths[i])
+                groups += [chunk[k : k + half] for k in range(0, len(chunk), half)]
+            halves[label] = [g for g in groups if len(g) == half]
+        epoch = [t + f for t, f in zip(halves[True], halves[False], strict=False)]
         rng.shuffle(epoch)
         batches += epoch
     return batches[: cfg.max_steps]
@@ -183,7 +228,10 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         steps = bar
     started = time.perf_counter()
     window_loss, window_hits, window_n = 0.0, 0, 0
+    steps_done = 0
     for step in steps:
+        if cfg.time_budget_s and time.perf_counter() - started > cfg.time_budget_s:
+            break
         idx = plan[step]
         enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True)
         labels = torch.tensor([float(rows[i]["label"]) for i in idx])
@@ -206,6 +254,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         window_loss += loss.item() * len(idx)
         window_hits += int(((z > 0).float() == labels).sum())
         window_n += len(idx)
+        steps_done = step + 1
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps:
             record = {
                 "step": step + 1,
@@ -219,6 +268,19 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
             if bar is not None:
                 bar.set_postfix(loss=record["loss"], acc=record["accuracy"])
             window_loss, window_hits, window_n = 0.0, 0, 0
+    if window_n:  # the last partial window of a run stopped by time_budget_s
+        log_file.write(
+            json.dumps(
+                {
+                    "step": steps_done,
+                    "loss": round(window_loss / window_n, 4),
+                    "accuracy": round(window_hits / window_n, 4),
+                    "lr": lr_at(steps_done - 1, cfg),
+                    "elapsed_s": round(time.perf_counter() - started, 1),
+                }
+            )
+            + "\n"
+        )
     log_file.close()
     elapsed = time.perf_counter() - started
 
@@ -243,7 +305,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         "skipped_too_long": skipped,
         "trainable_parameters": n_trainable,
         "train_seconds": round(elapsed, 1),
-        "seconds_per_step": round(elapsed / cfg.max_steps, 2),
+        "steps_done": steps_done,
+        "seconds_per_step": round(elapsed / max(1, steps_done), 2),
         "torch": torch.__version__,
     }
     (out / "train_config.json").write_text(
@@ -260,6 +323,8 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
         flag = "--" + f.name.replace("_", "-")
         if f.name == "target_modules":
             parser.add_argument(flag, nargs="+", default=None)
+        elif isinstance(f.default, bool):
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
         elif f.name in ("base_model", "data_dir", "out_dir"):
             parser.add_argument(
                 flag if f.name != "data_dir" else "--data", dest=f.name, required=True

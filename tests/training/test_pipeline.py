@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import random
 import re
 from pathlib import Path
 
@@ -133,6 +134,11 @@ def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
                 m = result[model][split][mode]
                 assert 0 <= m["accuracy"] <= 1 and 0 <= m["ece"] <= 1 and 0 <= m["brier"] <= 1
 
+    only = evaluate.evaluate(
+        str(model_dir), str(adapter_dir), str(data_dir), ["test"], limit=8, untrained=False
+    )
+    assert set(only) == {"lora"} and only["lora"]["test"]["calibrated"]["n"] == 8
+
     # the adapter directory is all serving needs
     from services.settings import VerifierSettings
     from verifier.backends.base import Claim
@@ -167,3 +173,24 @@ def test_metrics_on_known_values() -> None:
     logits = [4.0, -4.0, 4.0, -4.0, 4.0, -4.0]
     t = metrics.fit_temperature(logits, [True, False, False, False, True, True])
     assert t > 1
+
+
+def test_balanced_batches_hold_equal_labels_and_parse_as_flags(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text("{}")
+    (tmp_path / "train.jsonl").write_text("")
+    args = ["--base-model", str(tmp_path), "--data", str(tmp_path), "--out", "x"]
+    cfg = train_lora.parse_args([*args, "--balanced-batches", "--max-steps", "50"])
+    assert cfg.balanced_batches is True and cfg.max_steps == 50
+    assert train_lora.parse_args(args).balanced_batches is False
+    # 3 of 4 claims TRUE: unbalanced batches would mirror that ratio
+    rows = [{"label": i % 4 != 0} for i in range(200)]
+    lengths = [i % 17 for i in range(200)]
+    batches = train_lora.make_batches(rows, lengths, cfg, random.Random(1))
+    assert len(batches) == 50
+    for batch in batches:
+        assert len(batch) == cfg.batch_size == len(set(batch))
+        assert sum(rows[i]["label"] for i in batch) == cfg.batch_size // 2
+    with pytest.raises(ValueError, match="even batch_size"):
+        train_lora.parse_args([*args, "--balanced-batches", "--batch-size", "5"])
+    with pytest.raises(ValueError, match="both TRUE and FALSE"):
+        train_lora.make_batches([{"label": True}] * 20, [1] * 20, cfg, random.Random(1))
