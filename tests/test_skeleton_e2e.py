@@ -123,6 +123,22 @@ def test_client_request_id_is_echoed_when_safe(stack: Stack) -> None:
     assert r.headers["x-request-id"] == "req-123.abc"
 
 
+def test_orchestrator_metrics_count_requests_steps_and_cache(stack: Stack) -> None:
+    reason(stack, {"question": "What is 5 * 5?"})
+    reason(stack, {"question": "What is 5 * 5?"})  # the second is an answer-cache hit
+    text = httpx.get(f"{stack.url('orchestrator')}/metrics").text
+    for name in (
+        'reason_requests_total{cached="true"',
+        'reason_requests_total{cached="false"',
+        'tool_calls_total{source="tool",status="ok",tool="calc"}',
+        'cache_operations_total{cache="answer",op="get",result="hit"}',
+        "reason_stage_duration_seconds_bucket",
+        "tool_call_duration_seconds_bucket",
+        'http_request_duration_seconds_bucket{le="0.005",route="/reason",service="orchestrator"}',
+    ):
+        assert name in text, name
+
+
 def test_health_ready_and_metrics(stack: Stack) -> None:
     for name in ("planner", "verifier", "orchestrator"):
         assert httpx.get(f"{stack.url(name)}/healthz").json()["status"] == "ok"
