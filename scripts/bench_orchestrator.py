@@ -20,7 +20,6 @@ import asyncio
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -43,8 +42,10 @@ def plan(*steps: tuple[str, str, str, list[str]]) -> dict[str, Any]:
     }
 
 
-FANOUT = plan(*[(f"s{i}", "sleep", "0.1", []) for i in range(1, 9)],
-              ("s9", "calc", "1", [f"s{i}" for i in range(1, 9)]))
+FANOUT = plan(
+    *[(f"s{i}", "sleep", "0.1", []) for i in range(1, 9)],
+    ("s9", "calc", "1", [f"s{i}" for i in range(1, 9)]),
+)
 SCRIPT = {"trivial": plan(("s1", "calc", "1+1", [])), "fanout": FANOUT}
 
 
@@ -64,8 +65,13 @@ def serve_orchestrator(port: int) -> None:
 
     async def tools(settings: Any, cache: Any, stack: AsyncExitStack) -> ToolRegistry:
         registry = await build_registry(settings, cache, stack)
-        registry.register(Tool(ToolSpec(name="sleep", description="sleep N seconds",
-                                        input_format="seconds"), sleep, timeout_s=5))
+        registry.register(
+            Tool(
+                ToolSpec(name="sleep", description="sleep N seconds", input_format="seconds"),
+                sleep,
+                timeout_s=5,
+            )
+        )
         return registry
 
     app = create_app(OrchestratorSettings(), tools_factory=tools)
@@ -81,7 +87,7 @@ def rss_mib(pid: int) -> float:
 
 def pct(values: list[float], q: float) -> float:
     values = sorted(values)
-    return values[min(int(round(q / 100 * (len(values) - 1))), len(values) - 1)]
+    return values[min(round(q / 100 * (len(values) - 1)), len(values) - 1)]
 
 
 async def timed(client: httpx.AsyncClient, question: str, **options: Any) -> tuple[float, dict]:
@@ -104,16 +110,20 @@ async def measure(args: argparse.Namespace, orch_pid: int, base: str) -> dict[st
             t = body["timings_ms"]
             internal.append(t["total"] - t["plan"] - t["verify"] - body["steps"][0]["latency_ms"])
         out["overhead_client_ms"] = {"p50": round(pct(lat, 50), 2), "p99": round(pct(lat, 99), 2)}
-        out["overhead_internal_ms"] = {"p50": round(pct(internal, 50), 3),
-                                       "p99": round(pct(internal, 99), 3)}
+        out["overhead_internal_ms"] = {
+            "p50": round(pct(internal, 50), 3),
+            "p99": round(pct(internal, 99), 3),
+        }
 
         ratios = []
         for _ in range(10):
             _, body = await timed(client, "fanout", use_cache=False, verify=False)
             assert all(s["status"] == "ok" for s in body["steps"]), body
             ratios.append(body["timings_ms"]["execute"] / 100.0)
-        out["fanout_8x100ms"] = {"execute_over_critical_path_p50": round(pct(ratios, 50), 3),
-                                 "max": round(max(ratios), 3)}
+        out["fanout_8x100ms"] = {
+            "execute_over_critical_path_p50": round(pct(ratios, 50), 3),
+            "max": round(max(ratios), 3),
+        }
 
         misses, hits = [], []
         for i in range(args.requests):
@@ -123,9 +133,12 @@ async def measure(args: argparse.Namespace, orch_pid: int, base: str) -> dict[st
             ms, body = await timed(client, q)
             assert body["cached"], body
             hits.append(ms)
-        out["cache_ms"] = {"hit_p50": round(pct(hits, 50), 2), "hit_p95": round(pct(hits, 95), 2),
-                           "miss_p50": round(pct(misses, 50), 2),
-                           "miss_p95": round(pct(misses, 95), 2)}
+        out["cache_ms"] = {
+            "hit_p50": round(pct(hits, 50), 2),
+            "hit_p95": round(pct(hits, 95), 2),
+            "miss_p50": round(pct(misses, 50), 2),
+            "miss_p95": round(pct(misses, 95), 2),
+        }
 
     rss_before = rss_mib(orch_pid)
     counts = {"ok": 0, "errors": 0}
@@ -137,8 +150,10 @@ async def measure(args: argparse.Namespace, orch_pid: int, base: str) -> dict[st
         while time.monotonic() < stop_at:
             n += 1
             try:
-                r = await client.post("/reason", json={"question": f"{k} + {n % 50}",
-                                                       "options": {"use_cache": n % 2 == 0}})
+                r = await client.post(
+                    "/reason",
+                    json={"question": f"{k} + {n % 50}", "options": {"use_cache": n % 2 == 0}},
+                )
                 counts["ok" if r.status_code == 200 else "errors"] += 1
             except httpx.HTTPError:
                 counts["errors"] += 1
@@ -147,10 +162,14 @@ async def measure(args: argparse.Namespace, orch_pid: int, base: str) -> dict[st
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
         await asyncio.gather(*(client_loop(k, client) for k in range(args.clients)))
     elapsed = time.monotonic() - t0
-    out["load"] = {"clients": args.clients, "duration_s": round(elapsed, 1),
-                   "requests_per_s": round(counts["ok"] / elapsed, 1), "errors": counts["errors"],
-                   "rss_mib_before": round(rss_before, 1),
-                   "rss_mib_after": round(rss_mib(orch_pid), 1)}
+    out["load"] = {
+        "clients": args.clients,
+        "duration_s": round(elapsed, 1),
+        "requests_per_s": round(counts["ok"] / elapsed, 1),
+        "errors": counts["errors"],
+        "rss_mib_before": round(rss_before, 1),
+        "rss_mib_after": round(rss_mib(orch_pid), 1),
+    }
     return out
 
 
@@ -169,8 +188,9 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__,
-                                     formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("--serve-orchestrator", type=int, help=argparse.SUPPRESS)
     parser.add_argument("--duration-s", type=float, default=30.0)
     parser.add_argument("--clients", type=int, default=64)
@@ -186,22 +206,45 @@ def main() -> None:
     script = tmp / "plans.json"
     script.write_text(json.dumps(SCRIPT))
     ports = {"planner": free_port(), "verifier": free_port(), "orchestrator": free_port()}
-    env = {**os.environ, "PYTHONPATH": str(REPO), "PLANNER_BACKEND": "scripted",
-           "PLANNER_SCRIPT_PATH": str(script), "VERIFIER_BACKEND": "scripted",
-           "PLANNER_LOG_DIR": str(tmp), "VERIFIER_LOG_DIR": str(tmp), "ORCH_LOG_DIR": str(tmp),
-           "PLANNER_LOG_FORMAT": "json", "VERIFIER_LOG_FORMAT": "json",
-           "ORCH_LOG_FORMAT": "json", "PLANNER_LOG_LEVEL": "WARNING",
-           "VERIFIER_LOG_LEVEL": "WARNING", "ORCH_LOG_LEVEL": "WARNING",
-           "ORCH_PLANNER_URL": f"http://127.0.0.1:{ports['planner']}",
-           "ORCH_VERIFIER_URL": f"http://127.0.0.1:{ports['verifier']}"}
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(REPO),
+        "PLANNER_BACKEND": "scripted",
+        "PLANNER_SCRIPT_PATH": str(script),
+        "VERIFIER_BACKEND": "scripted",
+        "PLANNER_LOG_DIR": str(tmp),
+        "VERIFIER_LOG_DIR": str(tmp),
+        "ORCH_LOG_DIR": str(tmp),
+        "PLANNER_LOG_FORMAT": "json",
+        "VERIFIER_LOG_FORMAT": "json",
+        "ORCH_LOG_FORMAT": "json",
+        "PLANNER_LOG_LEVEL": "WARNING",
+        "VERIFIER_LOG_LEVEL": "WARNING",
+        "ORCH_LOG_LEVEL": "WARNING",
+        "ORCH_PLANNER_URL": f"http://127.0.0.1:{ports['planner']}",
+        "ORCH_VERIFIER_URL": f"http://127.0.0.1:{ports['verifier']}",
+    }
     quiet = {"stdout": subprocess.DEVNULL, "env": env, "cwd": REPO}
     procs = [
-        subprocess.Popen([sys.executable, "-m", "uvicorn", f"{name}.app:app", "--port",
-                          str(ports[name]), "--log-level", "warning", "--no-access-log"], **quiet)
+        subprocess.Popen(
+            [
+                sys.executable,
+                "-m",
+                "uvicorn",
+                f"{name}.app:app",
+                "--port",
+                str(ports[name]),
+                "--log-level",
+                "warning",
+                "--no-access-log",
+            ],
+            **quiet,
+        )
         for name in ("planner", "verifier")
     ]
-    orch = subprocess.Popen([sys.executable, __file__, "--serve-orchestrator",
-                             str(ports["orchestrator"])], **quiet)
+    orch = subprocess.Popen(
+        [sys.executable, __file__, "--serve-orchestrator", str(ports["orchestrator"])], **quiet
+    )
     procs.append(orch)
     try:
         for name, proc in zip(("planner", "verifier", "orchestrator"), procs, strict=True):

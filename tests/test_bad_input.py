@@ -131,7 +131,11 @@ def test_tool_endpoint_validates(stack: Stack) -> None:
 
 
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False, allow_infinity=False) | st.text(max_size=20),
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(max_size=20),
     lambda children: (
         st.lists(children, max_size=4) | st.dictionaries(st.text(max_size=10), children, max_size=4)
     ),

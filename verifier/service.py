@@ -8,7 +8,7 @@ import structlog
 from prometheus_client import Counter
 
 from services.errors import NotReady
-from services.schemas import VerifyRequest, VerifyResponse
+from services.schemas import VerifyMethod, VerifyRequest, VerifyResponse
 from services.settings import VerifierSettings
 from verifier import symbolic
 from verifier.backends.base import Claim, VerifierBackend
@@ -58,6 +58,7 @@ class VerifierService:
                 scores[k] = min(max(p, 0.0), 1.0)
         elapsed_ms = (time.perf_counter() - started) * 1000
         results = []
+        method: VerifyMethod
         for k, check in enumerate(checks):
             if check is not None and check.decisive:
                 verdict, confidence = check.verdict, check.confidence

@@ -383,7 +383,7 @@ def _readings(text: str) -> list[bool | None]:
     results: list[bool | None] = []
     for word, (dimension, symbol) in _DIMENSION_WORDS.items():
         for m in re.finditer(rf"\bis {word} than\b", text):
-            op = operator.gt if symbol == ">" else operator.lt
+            op: Callable[[Fraction, Fraction], bool] = operator.gt if symbol == ">" else operator.lt
             lhs, rhs = text[: m.start()], text[m.end() :]
             verdict = _check_comparison(lhs, rhs, op, dimension)
             if verdict is not None or (_side(lhs) is not None and _side(rhs) is not None):
