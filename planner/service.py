@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import asyncio
 import time
 
 import structlog
@@ -12,6 +11,7 @@ from prometheus_client import Counter, Histogram
 from planner.backends.base import GenerationRequest, PlanBackend
 from planner.prompting import build_messages
 from services.errors import NotReady, PlanInvalid, PlanningFailed
+from services.model_host import ModelHost
 from services.plans import parse_plan
 from services.schemas import Plan, PlanRequest, PlanResponse, ToolSpec, plan_json_schema
 from services.settings import PlannerSettings
@@ -23,35 +23,12 @@ PLANS = Counter("planner_plans_total", "Plans generated", ["outcome"])
 PLAN_LATENCY = Histogram("planner_generation_seconds", "Backend generation latency")
 
 
-class PlannerService:
+class PlannerService(ModelHost):
+    backend: PlanBackend
+
     def __init__(self, backend: PlanBackend, settings: PlannerSettings) -> None:
-        self.backend = backend
+        super().__init__(backend)
         self.settings = settings
-        self.ready = False
-        self.load_error: str | None = None
-        self._lock = asyncio.Lock()
-
-    async def load(self) -> None:
-        try:
-            await self.backend.load()
-        except Exception as exc:  # keep serving health checks; /plan answers 503
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            log.error(
-                "model failed to load",
-                **{"error.type": type(exc).__name__, "error.message": str(exc)},
-            )
-            return
-        self.ready = True
-        log.info("model loaded", backend=self.backend.name, model=self.backend.model)
-
-    async def readiness(self) -> tuple[bool, str]:
-        if self.ready:
-            health = getattr(self.backend, "health", None)
-            problem = health() if health is not None else None
-            if problem:  # e.g. the vLLM engine died after loading
-                return False, problem
-            return True, f"{self.backend.name}:{self.backend.model} loaded"
-        return False, self.load_error or "model loading"
 
     async def plan(self, request: PlanRequest) -> PlanResponse:
         if not self.ready:

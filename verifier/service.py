@@ -8,6 +8,7 @@ import structlog
 from prometheus_client import Counter
 
 from services.errors import NotReady
+from services.model_host import ModelHost
 from services.schemas import VerifyMethod, VerifyRequest, VerifyResponse
 from services.settings import VerifierSettings
 from verifier import symbolic
@@ -18,30 +19,12 @@ log = structlog.get_logger("verifier")
 VERDICTS = Counter("verifier_verdicts_total", "Verdicts given", ["method", "verdict"])
 
 
-class VerifierService:
+class VerifierService(ModelHost):
+    backend: VerifierBackend
+
     def __init__(self, backend: VerifierBackend, settings: VerifierSettings) -> None:
-        self.backend = backend
+        super().__init__(backend)
         self.settings = settings
-        self.ready = False
-        self.load_error: str | None = None
-
-    async def load(self) -> None:
-        try:
-            await self.backend.load()
-        except Exception as exc:
-            self.load_error = f"{type(exc).__name__}: {exc}"
-            log.error(
-                "model failed to load",
-                **{"error.type": type(exc).__name__, "error.message": str(exc)},
-            )
-            return
-        self.ready = True
-        log.info("model loaded", backend=self.backend.name, model=self.backend.model)
-
-    async def readiness(self) -> tuple[bool, str]:
-        if self.ready:
-            return True, f"{self.backend.name}:{self.backend.model} loaded"
-        return False, self.load_error or "model loading"
 
     async def verify_many(self, items: list[VerifyRequest]) -> list[VerifyResponse]:
         started = time.perf_counter()

@@ -1,0 +1,41 @@
+"""Loading a model backend once and reporting readiness: shared by planner and verifier."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import structlog
+
+log = structlog.get_logger("model")
+
+
+class ModelHost:
+    """Holds a backend with async `load()`; a failed load keeps the service up, not ready,
+    with the reason. A backend may offer `health() -> str | None` (e.g. a dead engine)."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.ready = False
+        self.load_error: str | None = None
+
+    async def load(self) -> None:
+        try:
+            await self.backend.load()
+        except Exception as exc:  # keep serving health checks; requests answer 503
+            self.load_error = f"{type(exc).__name__}: {exc}"
+            log.error(
+                "model failed to load",
+                **{"error.type": type(exc).__name__, "error.message": str(exc)},
+            )
+            return
+        self.ready = True
+        log.info("model loaded", backend=self.backend.name, model=self.backend.model)
+
+    async def readiness(self) -> tuple[bool, str]:
+        if self.ready:
+            health = getattr(self.backend, "health", None)
+            problem = health() if health is not None else None
+            if problem:
+                return False, problem
+            return True, f"{self.backend.name}:{self.backend.model} loaded"
+        return False, self.load_error or "model loading"
