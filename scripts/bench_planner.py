@@ -113,6 +113,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         backend=args.backend,
         model=args.model,
         n_threads=args.threads,
+        grammar_engine=args.grammar_engine,
         max_tokens=args.max_tokens,
         seed=args.seed,
         **({"temperature": args.temperature} if args.temperature is not None else {}),
@@ -184,15 +185,18 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             )
         constrained_stats = [stats for _, stats in recorder.calls if stats is not None]
 
-    # Cost of constraining: the same prompts decoded with and without the grammar.
+    # Cost of constraining: the same prompts decoded with the configured grammar engine,
+    # with llama.cpp's GBNF sampler (when that is not the configured one) and without a
+    # grammar, interleaved per question so that machine load hits all of them alike.
     unconstrained: dict[str, Any] = {}
     backend = recorder.backend
     k = min(args.unconstrained, len(questions))
     if k and hasattr(backend, "constrained"):
         schema = plan_json_schema(tool_names())
-        paired_constrained: list[Any] = []
-        free_stats: list[Any] = []
-        free_valid = 0
+        engine = settings.grammar_engine
+        variants = [engine, *(["gbnf"] if engine != "gbnf" else []), None]
+        paired: dict[str | None, list[Any]] = {v: [] for v in variants}
+        valid: dict[str | None, int] = {v: 0 for v in variants}
         for item in questions[:k]:
             request = GenerationRequest(
                 messages=build_messages(item["question"], list(DEFAULT_TOOLS)),
@@ -202,16 +206,15 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 max_tokens=settings.max_tokens,
                 seed=settings.seed,
             )
-            backend.constrained = True
-            await backend.generate(request)
-            paired_constrained.append(backend.last_stats)
-            backend.constrained = False
-            generation = await backend.generate(request)
-            free_stats.append(backend.last_stats)
-            free_valid += is_valid(generation.texts[0])
-        backend.constrained = True
-        c_rate, c_tokens, _ = decode_rate(paired_constrained)
-        u_rate, u_tokens, _ = decode_rate(free_stats)
+            for variant in variants:
+                backend.constrained = variant is not None
+                backend.grammar_engine = variant or engine
+                generation = await backend.generate(request)
+                paired[variant].append(backend.last_stats)
+                valid[variant] += is_valid(generation.texts[0])
+        backend.constrained, backend.grammar_engine = True, engine
+        c_rate, c_tokens, _ = decode_rate(paired[engine])
+        u_rate, u_tokens, _ = decode_rate(paired[None])
         unconstrained = {
             "unconstrained_questions": k,
             "constrained_decode_tok_s": round(c_rate, 2),
@@ -219,8 +222,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             "constrained_slowdown_pct": round(100 * (1 - c_rate / u_rate), 1) if u_rate else None,
             "constrained_completion_tokens": c_tokens,
             "unconstrained_completion_tokens": u_tokens,
-            "unconstrained_schema_valid_pct": round(100 * free_valid / k, 1),
+            "constrained_schema_valid_pct": round(100 * valid[engine] / k, 1),
+            "unconstrained_schema_valid_pct": round(100 * valid[None] / k, 1),
         }
+        if "gbnf" in paired and engine != "gbnf":
+            g_rate, g_tokens, _ = decode_rate(paired["gbnf"])
+            unconstrained |= {
+                "gbnf_decode_tok_s": round(g_rate, 2),
+                "gbnf_slowdown_pct": round(100 * (1 - g_rate / u_rate), 1) if u_rate else None,
+                "gbnf_completion_tokens": g_tokens,
+                "gbnf_schema_valid_pct": round(100 * valid["gbnf"] / k, 1),
+            }
     await service.backend.close()
 
     n = len(records)
@@ -251,6 +263,12 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "seconds_per_plan": round(plan_seconds / max(n, 1), 2),
         "decode_tok_s": round(rate, 2),
         "completion_tokens": tokens,
+        "grammar_engine": settings.grammar_engine if settings.backend == "llamacpp" else None,
+        "constraint_ms_per_token": round(
+            1000 * sum(getattr(s, "constraint_s", 0.0) for s in constrained_stats) / tokens, 3
+        )
+        if tokens and settings.backend == "llamacpp"
+        else None,
         "executed": bool(args.execute),
         "answer_accuracy_pct": round(100 * sum(r["correct"] for r in records) / max(n, 1), 1)
         if args.execute
@@ -274,10 +292,13 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
     parser.add_argument(
+        "--grammar-engine", choices=["xgrammar", "gbnf"], default="xgrammar", help="llama.cpp"
+    )
+    parser.add_argument(
         "--unconstrained",
         type=int,
         default=20,
-        help="questions decoded both with and without the grammar (0 to skip)",
+        help="questions decoded with the grammar, with GBNF and without a grammar (0 to skip)",
     )
     parser.add_argument(
         "--time-budget-s",

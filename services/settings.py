@@ -52,6 +52,10 @@ class PlannerSettings(CommonSettings):
     seed: int = 0
     n_ctx: int = Field(default=4096, ge=512)
     n_threads: int | None = None
+    # llama.cpp only: how decoding is held to the plan schema. `xgrammar` (the engine vLLM
+    # uses) masks logits per step from a precompiled automaton; `gbnf` is llama.cpp's own
+    # grammar sampler, which checks the whole vocabulary at every token (slower).
+    grammar_engine: Literal["xgrammar", "gbnf"] = "xgrammar"
     # vLLM (production: AWQ Phi-3.5-mini on one GPU)
     quantization: str | None = "awq"
     dtype: str = "auto"

@@ -1,10 +1,13 @@
 """In-process llama.cpp backend (llama-cpp-python) on a GGUF file: the embedded default.
 
-Decoding is constrained by a GBNF grammar compiled from the plan's JSON schema, so every
-completion is JSON of the plan's shape with a registered tool name. The grammar is
-compiled here and passed explicitly: llama-cpp-python's `response_format` path silently
-falls back to unconstrained JSON when a schema fails to compile, and a silent fallback is
-exactly what must not happen.
+Decoding is constrained by the plan's JSON schema, so every completion is JSON of the
+plan's shape with a registered tool name. Two engines do it (`PLANNER_GRAMMAR_ENGINE`):
+xgrammar (the default; see `schema_constraint`), a logits processor that masks each step
+from a precompiled automaton, and llama.cpp's own GBNF grammar sampler, which checks the
+whole vocabulary at every token and is markedly slower on this CPU
+(docs/benchmarks/planner.md). Either grammar is compiled here and passed explicitly:
+llama-cpp-python's `response_format` path silently falls back to unconstrained JSON when a
+schema fails to compile, and a silent fallback is exactly what must not happen.
 
 One model context serves one generation at a time. Generation runs in a worker thread so
 the event loop stays free; requests queue on an asyncio lock, and a threading lock guards
@@ -27,6 +30,7 @@ from typing import Any
 import structlog
 
 from planner.backends.base import Generation, GenerationRequest
+from planner.backends.schema_constraint import SchemaConstraint
 from services.catalog import resolve_gguf
 from services.settings import PlannerSettings
 
@@ -50,6 +54,7 @@ class GenerationStats:
     wall_s: float = 0.0
     prompt_eval_s: float = 0.0  # llama.cpp's own prefill time (tokens not served from cache)
     prompt_eval_tokens: int = 0
+    constraint_s: float = 0.0  # xgrammar only: time in the matcher and the logits mask
     per_completion: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -84,6 +89,8 @@ class LlamaCppBackend:
         self.model = settings.model_path.name if settings.model_path else settings.model
         # Unconstrained decoding exists only to measure what the grammar costs.
         self.constrained = constrained
+        self.grammar_engine = settings.grammar_engine
+        self._constraint: SchemaConstraint | None = None
         self._cache_dir = cache_dir
         self._llm: Any = None
         self._async_lock = asyncio.Lock()
@@ -96,13 +103,23 @@ class LlamaCppBackend:
     async def load(self) -> None:
         gguf = resolve_gguf(self.settings.model, self.settings.model_path, self._cache_dir)
         started = time.perf_counter()
-        self._llm = await asyncio.to_thread(self._load, gguf)
+        llm = await asyncio.to_thread(self._load, gguf)
+        if self.grammar_engine == "xgrammar":
+            try:
+                # The xgrammar tokenizer description is built once per model; it must work
+                # before the model is declared ready.
+                self._constraint = await asyncio.to_thread(SchemaConstraint, llm)
+            except Exception:
+                await asyncio.to_thread(llm.close)
+                raise
+        self._llm = llm
         self.load_seconds = time.perf_counter() - started
         log.info(
             "llama.cpp model loaded",
             model=self.model,
             path=str(gguf),
             n_ctx=self.settings.n_ctx,
+            grammar_engine=self.grammar_engine,
             seconds=round(self.load_seconds, 2),
         )
 
@@ -150,14 +167,20 @@ class LlamaCppBackend:
                 self._active.discard(cancel)
 
     def grammar(self, schema: dict[str, Any]) -> Any:
-        """The compiled grammar of a JSON schema (cached: schemas repeat per tool set)."""
-        key = json.dumps(schema, sort_keys=True)
+        """The compiled grammar of a JSON schema for the configured engine (cached: schemas
+        repeat per tool set). Raises on a schema the engine cannot express: never fall back
+        to unconstrained JSON."""
+        key = self.grammar_engine + json.dumps(schema, sort_keys=True)
         grammar = self._grammars.get(key)
         if grammar is None:
-            from llama_cpp import LlamaGrammar
+            if self.grammar_engine == "xgrammar":
+                if self._constraint is None:
+                    raise RuntimeError("llama.cpp model is not loaded")
+                grammar = self._constraint.compile(schema)
+            else:
+                from llama_cpp import LlamaGrammar
 
-            # Raises on a schema it cannot express: never fall back to unconstrained JSON.
-            grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
+                grammar = LlamaGrammar.from_json_schema(json.dumps(schema), verbose=False)
             if len(self._grammars) > 32:
                 self._grammars.clear()
             self._grammars[key] = grammar
@@ -177,10 +200,15 @@ class LlamaCppBackend:
             started = time.perf_counter()
             for k in range(request.n):
                 lib.llama_perf_context_reset(llm.ctx)
+                processor = None
+                if grammar is not None and self.grammar_engine == "xgrammar":
+                    assert self._constraint is not None
+                    processor = self._constraint.processor(grammar)
                 t0 = time.perf_counter()
                 chunks = llm.create_chat_completion(
                     messages=request.messages,
-                    grammar=grammar,
+                    grammar=grammar if processor is None else None,
+                    logits_processor=[processor] if processor is not None else None,
                     temperature=request.temperature,
                     top_p=request.top_p,
                     max_tokens=request.max_tokens,
@@ -196,6 +224,17 @@ class LlamaCppBackend:
                     choice = chunk["choices"][0]
                     parts.append(choice.get("delta", {}).get("content") or "")
                     finish_reason = choice.get("finish_reason") or finish_reason
+                if processor is not None and processor.error is not None:
+                    # The grammar engine failed mid-way and ended the completion. It goes to
+                    # validation like any other text (which decides whether it is a plan);
+                    # the failure is logged, never ignored.
+                    log.error(
+                        "constrained decoding failed",
+                        **{
+                            "error.type": "constraint_failed",
+                            "error.message": str(processor.error),
+                        },
+                    )
                 wall = time.perf_counter() - t0
                 perf = lib.llama_perf_context(llm.ctx)
                 texts.append("".join(parts))
@@ -205,6 +244,7 @@ class LlamaCppBackend:
                 stats.completion_tokens += perf.n_eval
                 stats.prompt_eval_s += perf.t_p_eval_ms / 1000
                 stats.prompt_eval_tokens += perf.n_p_eval
+                stats.constraint_s += processor.seconds if processor is not None else 0.0
                 stats.per_completion.append(
                     {
                         "wall_s": wall,

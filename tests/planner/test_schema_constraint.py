@@ -1,0 +1,244 @@
+"""The xgrammar constraint of the llama.cpp backend, on SmolLM2-135M's real vocabulary.
+
+The processor is driven by hand here, the way llama-cpp-python drives it (all token ids so
+far, then the logits of the next step), so each property is checked directly: the mask
+allows exactly the tokens that keep the text inside the schema, the stop tokens only once
+the JSON is complete, control tokens never; a token outside the grammar is reported, not
+swallowed, and ends the generation.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import numpy as np
+import pytest
+
+from services import catalog
+
+pytest.importorskip("llama_cpp")
+pytest.importorskip("xgrammar")
+
+pytestmark = [pytest.mark.model]
+
+SCHEMA = {
+    "type": "object",
+    "properties": {"tool": {"type": "string", "enum": ["calc", "python"]}},
+    "required": ["tool"],
+    "additionalProperties": False,
+}
+
+
+@pytest.fixture(scope="module")
+def llm() -> Iterator[Any]:
+    from llama_cpp import Llama
+
+    path = catalog.pull("smollm2-135m-instruct")
+    model = Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
+    yield model
+    model.close()
+
+
+@pytest.fixture(scope="module")
+def constraint(llm: Any) -> Any:
+    from planner.backends.schema_constraint import SchemaConstraint
+
+    return SchemaConstraint(llm)
+
+
+def tokens(llm: Any, text: str) -> list[int]:
+    return llm.tokenize(text.encode(), add_bos=False, special=False)
+
+
+def allowed_after(constraint: Any, prompt: list[int], generated: list[int]) -> np.ndarray:
+    """Token ids the processor leaves open after `generated`, replayed call by call."""
+    processor = constraint.processor(constraint.compile(SCHEMA))
+    scores = processor(np.array(prompt), np.zeros(constraint.vocab_size, dtype=np.float32))
+    for i in range(len(generated)):
+        scores = processor(np.array(prompt + generated[: i + 1]), np.zeros_like(scores))
+    assert processor.error is None
+    return np.flatnonzero(np.isfinite(scores))
+
+
+def test_vocabulary_marks_control_tokens_and_stops(llm: Any) -> None:
+    from planner.backends.schema_constraint import vocabulary
+
+    texts, vocab_type, stops = vocabulary(llm)
+    assert vocab_type == "BYTE_LEVEL"  # SmolLM2's GGUF tokenizer is gpt2-style BPE
+    assert len(texts) == llm.n_vocab()
+    assert llm.token_eos() in stops
+    assert texts[llm.token_eos()] == ""  # <|im_end|> is a control token: never plan text
+    (brace,) = tokens(llm, "{")
+    assert texts[brace] == "{"
+
+
+def test_first_step_allows_only_an_opening_brace(llm: Any, constraint: Any) -> None:
+    prompt = tokens(llm, "Answer in JSON:")
+    allowed = allowed_after(constraint, prompt, [])
+    assert len(allowed) > 0
+    for token in allowed:
+        text = llm.detokenize([int(token)]).decode("utf-8", errors="replace")
+        assert text.startswith("{"), text
+    assert llm.token_eos() not in allowed
+
+
+def test_enum_and_stop_tokens(llm: Any, constraint: Any) -> None:
+    prompt = tokens(llm, "Answer in JSON:")
+    head = tokens(llm, '{"tool": "')
+    allowed = {int(t) for t in allowed_after(constraint, prompt, head)}
+    texts = {llm.detokenize([t]).decode("utf-8", errors="replace") for t in allowed}
+    assert all("calc".startswith(t) or "python".startswith(t) for t in texts), texts
+    complete = tokens(llm, json.dumps({"tool": "calc"}))
+    after = {int(t) for t in allowed_after(constraint, prompt, complete)}
+    assert after and after <= set(constraint.stop_token_ids)
+
+
+BOUNDED = {
+    "type": "object",
+    "properties": {"input": {"type": "string", "minLength": 1, "maxLength": 12}},
+    "required": ["input"],
+    "additionalProperties": False,
+}
+
+
+def accepts(constraint: Any, schema: dict[str, Any], text: str) -> bool:
+    import xgrammar as xgr
+
+    matcher = xgr.GrammarMatcher(constraint.compile(schema))
+    # The whole text, then a stop token: only a complete value of the schema takes both.
+    return bool(matcher.accept_string(text)) and bool(
+        matcher.accept_token(constraint.stop_token_ids[0])
+    )
+
+
+@pytest.mark.parametrize(
+    ("value", "ok"),
+    [
+        (r"a = 1\nb = 2", True),  # a newline escape inside a length-bounded string
+        (r"say \"hi\"", True),
+        (r"back\\slash", True),
+        (r"tab\tu\u00e9", True),
+        (r"bad \x escape", False),  # not a JSON escape
+        ("trailing \\", False),  # a lone backslash before the closing quote
+    ],
+)
+def test_bounded_strings_take_json_escapes(constraint: Any, value: str, ok: bool) -> None:
+    """xgrammar alone forbids every escape in a length-bounded string, so python code in a
+    plan could not have a second line; the patched grammar allows JSON's escapes, and
+    only those."""
+    text = '{"input": "' + value + '"}'
+    assert accepts(constraint, BOUNDED, text) is ok
+    if ok:
+        json.loads(text)
+
+
+def test_string_lengths_are_left_to_validation(constraint: Any) -> None:
+    """The grammar no longer counts characters; `max_tokens` bounds a completion and plan
+    validation checks the plan's own limits exactly."""
+    from services.errors import PlanInvalid
+    from services.plans import parse_plan
+    from services.schemas import MAX_STEP_INPUT_CHARS
+    from services.toolspecs import tool_names
+
+    assert accepts(constraint, BOUNDED, json.dumps({"input": "x" * 40}))
+    plan = {
+        "reasoning": "r",
+        "steps": [
+            {
+                "id": "s1",
+                "tool": "calc",
+                "input": "1+" * (MAX_STEP_INPUT_CHARS // 2) + "1",
+                "depends_on": [],
+            }
+        ],
+        "answer_step": "s1",
+    }
+    with pytest.raises(PlanInvalid):
+        parse_plan(json.dumps(plan), tool_names())
+
+
+@pytest.mark.parametrize("raw", ["\n", "\t", "\x00", "\x1f"])
+def test_raw_control_characters_stay_out_of_strings(constraint: Any, raw: str) -> None:
+    assert not accepts(constraint, BOUNDED, '{"input": "a' + raw + 'b"}')
+    escaped = json.dumps(raw)[1:-1]  # the same character as a JSON escape is fine
+    assert accepts(constraint, BOUNDED, '{"input": "a' + escaped + 'b"}')
+
+
+def test_a_token_outside_the_grammar_is_reported_and_ends_generation(
+    llm: Any, constraint: Any
+) -> None:
+    processor = constraint.processor(constraint.compile(SCHEMA))
+    prompt = tokens(llm, "Answer in JSON:")
+    scores = np.zeros(constraint.vocab_size, dtype=np.float32)
+    processor(np.array(prompt), scores.copy())
+    outside = tokens(llm, "hello")[:1]
+    masked = processor(np.array(prompt + outside), scores.copy())
+    assert processor.error is not None and "outside the grammar" in str(processor.error)
+    assert set(np.flatnonzero(np.isfinite(masked))) == set(constraint.stop_token_ids)
+
+
+def test_a_schema_xgrammar_cannot_compile_raises(constraint: Any) -> None:
+    from planner.backends.schema_constraint import ConstraintError
+
+    with pytest.raises(ConstraintError, match="cannot compile"):
+        constraint.compile({"type": "string", "pattern": "(unclosed"})
+
+
+def test_backend_ends_and_logs_a_completion_whose_constraint_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A matcher failure inside llama.cpp's sampler callback must not let decoding run on
+    unconstrained: the completion stops at once and the failure is logged."""
+    import asyncio
+
+    from structlog.testing import capture_logs
+
+    from planner.backends.base import GenerationRequest
+    from planner.backends.llamacpp import LlamaCppBackend
+    from services.settings import PlannerSettings
+
+    backend = LlamaCppBackend(
+        PlannerSettings(backend="llamacpp", model="smollm2-135m-instruct", n_ctx=512, n_threads=1)
+    )
+    # 50 integers: far more tokens than the failure below allows.
+    schema = {"type": "array", "items": {"type": "integer"}, "minItems": 50, "maxItems": 50}
+    request = GenerationRequest(
+        messages=[{"role": "user", "content": "List fifty numbers."}],
+        json_schema=schema,
+        max_tokens=300,
+    )
+
+    async def scenario() -> str:
+        await backend.load()
+        try:
+            assert backend._constraint is not None
+            make = backend._constraint.processor
+
+            def failing(compiled: Any) -> Any:
+                processor = make(compiled)
+                advance = processor._advance
+                calls = []
+
+                def advance_then_fail(input_ids: Any) -> None:
+                    calls.append(1)
+                    if len(calls) > 3:
+                        raise RuntimeError("matcher state lost")
+                    advance(input_ids)
+
+                processor._advance = advance_then_fail
+                return processor
+
+            monkeypatch.setattr(backend._constraint, "processor", failing)
+            return (await backend.generate(request)).texts[0]
+        finally:
+            await backend.close()
+
+    with capture_logs() as logs:
+        text = asyncio.run(scenario())
+    assert backend.last_stats.completion_tokens <= 5
+    with pytest.raises(ValueError):
+        json.loads(text)  # cut short: validation rejects it
+    failures = [e for e in logs if e["event"] == "constrained decoding failed"]
+    assert failures and "matcher state lost" in failures[0]["error.message"]
