@@ -206,8 +206,11 @@ TRACE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 def plan_json_schema(tool_names: list[str]) -> dict[str, Any]:
     """The JSON schema handed to constrained decoders.
 
-    Every string and array is bounded so a decoder cannot run on to its token limit, and
-    the tool field is an enum of the registered tools.
+    Every string and array is bounded so a decoder that counts characters (GBNF, an
+    OpenAI-compatible server) cannot run on to its token limit, and the tool field is an
+    enum of the registered tools. The xgrammar grammar of the llama.cpp and vLLM backends
+    keeps every bound but string maximum lengths, which `max_tokens` and plan validation
+    take over (see planner.backends.schema_constraint).
     """
     step_ids = [f"s{i}" for i in range(1, MAX_STEPS + 1)]
     return {

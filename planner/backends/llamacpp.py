@@ -225,9 +225,8 @@ class LlamaCppBackend:
                     parts.append(choice.get("delta", {}).get("content") or "")
                     finish_reason = choice.get("finish_reason") or finish_reason
                 if processor is not None and processor.error is not None:
-                    # The grammar engine failed mid-way and ended the completion. It goes to
-                    # validation like any other text (which decides whether it is a plan);
-                    # the failure is logged, never ignored.
+                    # The grammar engine failed mid-way and ended the completion: that is
+                    # not the model's mistake, so no retry with feedback; the request fails.
                     log.error(
                         "constrained decoding failed",
                         **{
@@ -235,6 +234,7 @@ class LlamaCppBackend:
                             "error.message": str(processor.error),
                         },
                     )
+                    raise processor.error
                 wall = time.perf_counter() - t0
                 perf = lib.llama_perf_context(llm.ctx)
                 texts.append("".join(parts))

@@ -22,12 +22,15 @@ from typing import Any
 
 import numpy as np
 
-# GGUF `tokenizer.ggml.model` -> how the vocabulary's token strings are encoded.
-_VOCAB_TYPES = {"gpt2": "BYTE_LEVEL", "llama": "BYTE_FALLBACK"}
+from services.errors import DependencyUnavailable
 
 
-class ConstraintError(RuntimeError):
-    """The model's vocabulary or the schema cannot be used for constrained decoding."""
+class ConstraintError(DependencyUnavailable):
+    """The model's vocabulary or the schema cannot be used for constrained decoding, or the
+    grammar engine failed mid-generation: the planner answers 503, never an unconstrained
+    plan."""
+
+    error_type = "constraint_failed"
 
 
 def _xgrammar() -> Any:
@@ -41,36 +44,34 @@ def _xgrammar() -> Any:
     return xgrammar
 
 
-def vocabulary(llm: Any) -> tuple[list[str], str, list[int]]:
-    """The model's token strings by id, its vocabulary type, and its stop tokens.
+def vocabulary(llm: Any) -> tuple[list[bytes], list[int]]:
+    """The bytes each token id decodes to, and the model's stop (end-of-generation) tokens.
 
-    Control, unused and unknown tokens get an empty string, which xgrammar treats as
-    special: they can never appear inside a plan (a `<|im_start|>` in a string would
-    otherwise be allowed as its literal text).
+    Pieces are taken as llama.cpp renders them, so byte-level BPE, byte-fallback
+    SentencePiece and added tokens all arrive as the plain bytes they stand for (xgrammar's
+    RAW vocabulary). Control, unused and unknown tokens render as nothing, which xgrammar
+    treats as special: they can never appear inside a plan (a `<|im_start|>` in a string
+    would otherwise be allowed as its literal text).
     """
+    import ctypes
+
     from llama_cpp import llama_cpp as lib
 
-    tokenizer_model = str(llm.metadata.get("tokenizer.ggml.model", ""))
-    vocab_type = _VOCAB_TYPES.get(tokenizer_model)
-    if vocab_type is None:
-        raise ConstraintError(f"unsupported GGUF tokenizer model {tokenizer_model!r}")
-    # Token attributes (llama.h `llama_token_attr`) of tokens that are never plan text.
-    not_text = lib.LLAMA_TOKEN_ATTR_UNKNOWN | lib.LLAMA_TOKEN_ATTR_UNUSED
-    not_text |= lib.LLAMA_TOKEN_ATTR_CONTROL
     vocab = lib.llama_model_get_vocab(llm.model)
-    tokens: list[str] = []
+    buf = ctypes.create_string_buffer(256)
+    pieces: list[bytes] = []
     stops: list[int] = []
     for token in range(llm.n_vocab()):
         if lib.llama_vocab_is_eog(vocab, token):
             stops.append(token)
-        if lib.llama_vocab_get_attr(vocab, token) & not_text:
-            tokens.append("")
-            continue
-        text = lib.llama_vocab_get_text(vocab, token)
-        tokens.append(text.decode("utf-8", errors="replace") if text else "")
+        n = lib.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+        if n < 0:  # the piece is longer than the buffer: -n is its length
+            buf = ctypes.create_string_buffer(-n)
+            n = lib.llama_token_to_piece(vocab, token, buf, len(buf), 0, False)
+        pieces.append(buf.raw[:n])
     if not stops:
         raise ConstraintError("the model declares no end-of-generation token")
-    return tokens, vocab_type, stops
+    return pieces, stops
 
 
 # xgrammar 0.2.8 turns a string with minLength/maxLength into a bounded repetition of a
@@ -79,11 +80,14 @@ def vocabulary(llm: Any) -> tuple[list[str], str, list[int]]:
 # "character or escape" fixes that but makes each mask 10-1000x slower (measured: 3 ms
 # mean, up to 500 ms, against 0.3 ms), since xgrammar cannot precompute it. So the
 # grammar printed from the schema is patched: each length-bounded string becomes
-# xgrammar's ordinary JSON string, escapes included. Its length is then bounded by the
-# generation's `max_tokens`, and plan validation checks the plan's own limits exactly
+# xgrammar's ordinary JSON string, escapes included, non-empty where minLength >= 1. Its
+# maximum length is then bounded by the generation's `max_tokens` and by plan validation
 # (`services.schemas`); every other bound of the schema (enums, item counts, required
-# keys) stays in the grammar.
-_BOUNDED_STRING = re.compile(r'^(\w+) ::= \(\("\\"" (\w+_characters)\{\d+, -?\d+\} "\\""\)\)$')
+# keys, non-empty strings) stays in the grammar.
+_CHARACTERS = r"(([^\"\\\r\n]))"  # the escape-less class of a bounded string
+_BOUNDED_STRING = re.compile(r'^(\S+) ::= \(\("\\"" (\S+_characters)\{(\d+), -?\d+\} "\\""\)\)$')
+_STRING = "((basic_string))"
+_NON_EMPTY_STRING = r'(("\"" ([^\0-\x1f\"\\\r\n] | ("\\" basic_escape)) basic_string_sub))'
 _STRING_RULES = {
     "basic_escape": r'basic_escape ::= (([\"\\/bfnrt]) | ("u" [A-Fa-f0-9] [A-Fa-f0-9] '
     r"[A-Fa-f0-9] [A-Fa-f0-9]))",
@@ -99,7 +103,7 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     That is the layout of `json.dumps` and of the prompt's few-shot plans, and it leaves
     the model no whitespace to spend tokens on. Length-bounded strings are patched to
     take JSON escapes (see above). Raises `ConstraintError` on a schema xgrammar cannot
-    express.
+    express, or when xgrammar prints a bounded string this patch does not recognise.
     """
     xgr = _xgrammar()
     try:
@@ -109,15 +113,20 @@ def schema_grammar(schema: dict[str, Any]) -> str:
     except Exception as exc:  # xgrammar raises its own and RuntimeError types
         raise ConstraintError(f"cannot compile the plan schema: {exc}") from exc
     lines = ebnf.splitlines()
-    bounded = {}
+    patched: set[str] = set()
     for i, line in enumerate(lines):
         if match := _BOUNDED_STRING.match(line):
-            bounded[match.group(2)] = i
-            lines[i] = f"{match.group(1)} ::= ((basic_string))"
-    if bounded:
-        lines = [line for line in lines if line.partition(" ::= ")[0] not in bounded]
-        defined = {line.partition(" ::= ")[0] for line in lines}
-        lines += [rule for name, rule in _STRING_RULES.items() if name not in defined]
+            name, characters, min_length = match.groups()
+            body = _NON_EMPTY_STRING if int(min_length) > 0 else _STRING
+            lines[i] = f"{name} ::= {body}"
+            patched.add(characters)
+    lines = [line for line in lines if line.partition(" ::= ")[0] not in patched]
+    if any(line.partition(" ::= ")[2] == _CHARACTERS for line in lines):
+        # A bounded string in a form this xgrammar prints differently: refuse rather than
+        # silently keep strings that cannot hold escapes.
+        raise ConstraintError("xgrammar printed a bounded string that cannot be patched")
+    defined = {line.partition(" ::= ")[0] for line in lines}
+    lines += [rule for name, rule in _STRING_RULES.items() if name not in defined]
     return "\n".join(lines) + "\n"
 
 
@@ -126,14 +135,11 @@ class SchemaConstraint:
 
     def __init__(self, llm: Any, *, threads: int = 1) -> None:
         xgr = _xgrammar()
-        tokens, vocab_type, stops = vocabulary(llm)
+        pieces, stops = vocabulary(llm)
         self.vocab_size = llm.n_vocab()
         self.stop_token_ids = stops
         self.tokenizer_info = xgr.TokenizerInfo(
-            tokens,
-            getattr(xgr.VocabType, vocab_type),
-            vocab_size=self.vocab_size,
-            stop_token_ids=stops,
+            pieces, xgr.VocabType.RAW, vocab_size=self.vocab_size, stop_token_ids=stops
         )
         self._compiler = xgr.GrammarCompiler(
             self.tokenizer_info, max_threads=threads, cache_enabled=True
@@ -159,7 +165,9 @@ class SchemaLogitsProcessor:
     prompt, then the sampled tokens); the first call marks where the prompt ends. It runs
     inside a ctypes callback, where a raised exception is printed and dropped and
     generation would go on unconstrained; so a failure is kept in `error`, every token but
-    the stop tokens is masked to end the generation, and the caller raises `error`.
+    the stop tokens is masked to end the generation, and the backend raises `error` once
+    the completion has stopped. Speculative decoding (a draft model) would feed it tokens
+    that are later rejected, with no rollback: the backend does not use one.
     """
 
     def __init__(self, compiled: Any, vocab_size: int, stop_token_ids: list[int]) -> None:
@@ -173,25 +181,25 @@ class SchemaLogitsProcessor:
         self.steps = 0
         self.seconds = 0.0  # time spent in the matcher and the mask, for benchmarks
 
-    @property
-    def terminated(self) -> bool:
-        return bool(self._matcher.is_terminated())
-
     def __call__(self, input_ids: Any, scores: np.ndarray) -> np.ndarray:
         started = time.perf_counter()
         try:
-            self._advance(input_ids)
-            self._matcher.fill_next_token_bitmask(self._bitmask)
-        except Exception as exc:
             if self.error is None:
-                self.error = ConstraintError(f"constrained decoding failed: {exc}")
+                if len(scores) != self._vocab_size:
+                    raise ConstraintError(
+                        f"{len(scores)} logits for a vocabulary of {self._vocab_size}"
+                    )
+                self._advance(input_ids)
+                self._matcher.fill_next_token_bitmask(self._bitmask)
+                allowed = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")
+                scores[allowed[: self._vocab_size] == 0] = -np.inf
+        except Exception as exc:
+            self.error = ConstraintError(f"constrained decoding failed: {exc}")
         if self.error is not None:
-            stops = scores[self._stops].copy()
-            scores[:] = -np.inf
-            scores[self._stops] = stops
-        else:
-            allowed = np.unpackbits(self._bitmask[0].view(np.uint8), bitorder="little")
-            scores[: self._vocab_size][allowed[: self._vocab_size] == 0] = -np.inf
+            # Only a stop token stays possible: the completion ends at this step.
+            mask = np.ones(len(scores), dtype=bool)
+            mask[[t for t in self._stops if t < len(scores)]] = False
+            scores[mask] = -np.inf
         self.steps += 1
         self.seconds += time.perf_counter() - started
         return scores

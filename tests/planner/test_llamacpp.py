@@ -146,7 +146,7 @@ def test_grammar_forces_the_schema_on_a_tiny_model(tmp_path: Path, engine: str) 
             json_schema=schema,
             n=2,
             temperature=0.7,
-            max_tokens=400,  # more than the schema's bounds allow: output must close
+            max_tokens=400,  # room to close the JSON (GBNF's bounds force it to)
             seed=1,
         )
         return (await backend.generate(request)).texts

@@ -52,9 +52,11 @@ def tokens(llm: Any, text: str) -> list[int]:
     return llm.tokenize(text.encode(), add_bos=False, special=False)
 
 
-def allowed_after(constraint: Any, prompt: list[int], generated: list[int]) -> np.ndarray:
+def allowed_after(
+    constraint: Any, prompt: list[int], generated: list[int], schema: dict[str, Any] = SCHEMA
+) -> np.ndarray:
     """Token ids the processor leaves open after `generated`, replayed call by call."""
-    processor = constraint.processor(constraint.compile(SCHEMA))
+    processor = constraint.processor(constraint.compile(schema))
     scores = processor(np.array(prompt), np.zeros(constraint.vocab_size, dtype=np.float32))
     for i in range(len(generated)):
         scores = processor(np.array(prompt + generated[: i + 1]), np.zeros_like(scores))
@@ -65,13 +67,14 @@ def allowed_after(constraint: Any, prompt: list[int], generated: list[int]) -> n
 def test_vocabulary_marks_control_tokens_and_stops(llm: Any) -> None:
     from planner.backends.schema_constraint import vocabulary
 
-    texts, vocab_type, stops = vocabulary(llm)
-    assert vocab_type == "BYTE_LEVEL"  # SmolLM2's GGUF tokenizer is gpt2-style BPE
-    assert len(texts) == llm.n_vocab()
+    pieces, stops = vocabulary(llm)
+    assert len(pieces) == llm.n_vocab()
     assert llm.token_eos() in stops
-    assert texts[llm.token_eos()] == ""  # <|im_end|> is a control token: never plan text
+    assert pieces[llm.token_eos()] == b""  # <|im_end|> is a control token: never plan text
     (brace,) = tokens(llm, "{")
-    assert texts[brace] == "{"
+    assert pieces[brace] == b"{"
+    (spaced,) = tokens(llm, " the")
+    assert pieces[spaced] == b" the"  # byte-level BPE decoded to its bytes
 
 
 def test_first_step_allows_only_an_opening_brace(llm: Any, constraint: Any) -> None:
@@ -88,6 +91,7 @@ def test_enum_and_stop_tokens(llm: Any, constraint: Any) -> None:
     prompt = tokens(llm, "Answer in JSON:")
     head = tokens(llm, '{"tool": "')
     allowed = {int(t) for t in allowed_after(constraint, prompt, head)}
+    assert allowed
     texts = {llm.detokenize([t]).decode("utf-8", errors="replace") for t in allowed}
     assert all("calc".startswith(t) or "python".startswith(t) for t in texts), texts
     complete = tokens(llm, json.dumps({"tool": "calc"}))
@@ -159,6 +163,33 @@ def test_string_lengths_are_left_to_validation(constraint: Any) -> None:
         parse_plan(json.dumps(plan), tool_names())
 
 
+def test_min_length_still_holds(constraint: Any) -> None:
+    assert not accepts(constraint, BOUNDED, '{"input": ""}')
+    assert accepts(constraint, BOUNDED, '{"input": "x"}')
+    assert accepts(constraint, BOUNDED, '{"input": "\\n"}')  # one escaped character
+
+
+def test_control_tokens_stay_out_of_strings(llm: Any, constraint: Any) -> None:
+    prompt = tokens(llm, "Answer in JSON:")
+    head = tokens(llm, '{"input": "a')
+    allowed = set(allowed_after(constraint, prompt, head, BOUNDED).tolist())
+    im_start = llm.tokenize(b"<|im_start|>", add_bos=False, special=True)
+    assert len(im_start) == 1 and im_start[0] not in allowed
+    assert tokens(llm, " b")[0] in allowed
+
+
+def test_bounded_strings_under_any_rule_name_are_patched(constraint: Any) -> None:
+    """xgrammar names rules after `$defs` keys, which may hold any character."""
+    schema = {
+        "$defs": {"my-str.x": {"type": "string", "maxLength": 20}},
+        "type": "object",
+        "properties": {"code": {"$ref": "#/$defs/my-str.x"}},
+        "required": ["code"],
+        "additionalProperties": False,
+    }
+    assert accepts(constraint, schema, '{"code": "a = 1\\nb = 2"}')
+
+
 @pytest.mark.parametrize("raw", ["\n", "\t", "\x00", "\x1f"])
 def test_raw_control_characters_stay_out_of_strings(constraint: Any, raw: str) -> None:
     assert not accepts(constraint, BOUNDED, '{"input": "a' + raw + 'b"}')
@@ -186,11 +217,12 @@ def test_a_schema_xgrammar_cannot_compile_raises(constraint: Any) -> None:
         constraint.compile({"type": "string", "pattern": "(unclosed"})
 
 
-def test_backend_ends_and_logs_a_completion_whose_constraint_failed(
+def test_backend_fails_and_logs_a_completion_whose_constraint_failed(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """A matcher failure inside llama.cpp's sampler callback must not let decoding run on
-    unconstrained: the completion stops at once and the failure is logged."""
+    unconstrained: the completion stops at once, the failure is logged and the request
+    fails with `constraint_failed` (503), not as the model's mistake."""
     import asyncio
 
     from structlog.testing import capture_logs
@@ -235,10 +267,12 @@ def test_backend_ends_and_logs_a_completion_whose_constraint_failed(
         finally:
             await backend.close()
 
-    with capture_logs() as logs:
-        text = asyncio.run(scenario())
-    assert backend.last_stats.completion_tokens <= 5
-    with pytest.raises(ValueError):
-        json.loads(text)  # cut short: validation rejects it
+    from planner.backends.schema_constraint import ConstraintError
+
+    with capture_logs() as logs, pytest.raises(ConstraintError) as failed:
+        asyncio.run(scenario())
+    assert failed.value.status_code == 503 and "matcher state lost" in failed.value.message
+    assert backend.last_stats.completion_tokens == 0  # the call never completed
     failures = [e for e in logs if e["event"] == "constrained decoding failed"]
     assert failures and "matcher state lost" in failures[0]["error.message"]
+    assert len(failures) == 1
