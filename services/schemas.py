@@ -209,8 +209,8 @@ def plan_json_schema(tool_names: list[str]) -> dict[str, Any]:
     Every string and array is bounded so a decoder that counts characters (GBNF, an
     OpenAI-compatible server) cannot run on to its token limit, and the tool field is an
     enum of the registered tools. The xgrammar grammar of the llama.cpp and vLLM backends
-    keeps every bound but string maximum lengths, which `max_tokens` and plan validation
-    take over (see planner.backends.schema_constraint).
+    keeps every bound but the maximum length of step inputs, which `max_tokens` and plan
+    validation take over so that code can hold escapes (planner.backends.schema_constraint).
     """
     step_ids = [f"s{i}" for i in range(1, MAX_STEPS + 1)]
     return {

@@ -16,7 +16,6 @@ instead of falling back to unconstrained decoding.
 from __future__ import annotations
 
 import json
-import re
 import time
 from typing import Any
 
@@ -76,57 +75,83 @@ def vocabulary(llm: Any) -> tuple[list[bytes], list[int]]:
 
 # xgrammar 0.2.8 turns a string with minLength/maxLength into a bounded repetition of a
 # character class without escapes, so a length-bounded string cannot hold `\n`, `\"` or
-# `\\` (python code in a plan would have to be one line). A bounded repetition of
-# "character or escape" fixes that but makes each mask 10-1000x slower (measured: 3 ms
-# mean, up to 500 ms, against 0.3 ms), since xgrammar cannot precompute it. So the
-# grammar printed from the schema is patched: each length-bounded string becomes
-# xgrammar's ordinary JSON string, escapes included, non-empty where minLength >= 1. Its
-# maximum length is then bounded by the generation's `max_tokens` and by plan validation
-# (`services.schemas`); every other bound of the schema (enums, item counts, required
-# keys, non-empty strings) stays in the grammar.
-_CHARACTERS = r"(([^\"\\\r\n]))"  # the escape-less class of a bounded string
-_BOUNDED_STRING = re.compile(r'^(\S+) ::= \(\("\\"" (\S+_characters)\{(\d+), -?\d+\} "\\""\)\)$')
-_STRING = "((basic_string))"
-_NON_EMPTY_STRING = r'(("\"" ([^\0-\x1f\"\\\r\n] | ("\\" basic_escape)) basic_string_sub))'
+# `\\`: a plan's python could not have a second line. A bounded repetition of "character
+# or escape" makes each mask 10-1000x slower (measured: 3 ms mean, up to 500 ms, against
+# 0.3 ms), since xgrammar cannot precompute it. So the string fields that carry code or
+# queries (`ESCAPED_FIELDS`, the plan steps' `input`) become xgrammar's ordinary JSON
+# string, escapes included and non-empty where minLength >= 1; their maximum length is
+# bounded by the generation's `max_tokens` and by plan validation (`services.schemas`).
+# Every other string keeps xgrammar's bounded form, so free text such as the plan's
+# `reasoning` cannot run on, and every other bound of the schema stays in the grammar.
+ESCAPED_FIELDS = frozenset({"input"})
+_CHARACTERS = r" ::= (([^\"\\\r\n]))"  # the class of xgrammar's bounded strings
+_TEXT_CHARACTERS = r" ::= (([^\0-\x1f\"\\\r\n]))"
+_MARK = "__escaped_string_{}__"
 _STRING_RULES = {
     "basic_escape": r'basic_escape ::= (([\"\\/bfnrt]) | ("u" [A-Fa-f0-9] [A-Fa-f0-9] '
     r"[A-Fa-f0-9] [A-Fa-f0-9]))",
     "basic_string_sub": r'basic_string_sub ::= (("\"") | ([^\0-\x1f\"\\\r\n] basic_string_sub) '
     r'| ("\\" basic_escape basic_string_sub)) (=([ \n\r\t]* [,}\]:]))',
     "basic_string": r'basic_string ::= (("\"" basic_string_sub))',
+    "escaped_nonempty_string": r'escaped_nonempty_string ::= (("\"" ([^\0-\x1f\"\\\r\n] '
+    r'| ("\\" basic_escape)) basic_string_sub))',
 }
 
 
-def schema_grammar(schema: dict[str, Any]) -> str:
+def _mark_escaped(node: Any, fields: frozenset[str], marks: dict[str, int]) -> Any:
+    """A copy of the schema in which each plain string property named in `fields` is a
+    one-value enum of a unique marker (its minLength kept in `marks`)."""
+    if isinstance(node, list):
+        return [_mark_escaped(item, fields, marks) for item in node]
+    if not isinstance(node, dict):
+        return node
+    out = {}
+    for key, value in node.items():
+        if key == "properties" and isinstance(value, dict):
+            properties = {}
+            for name, sub in value.items():
+                plain = isinstance(sub, dict) and sub.get("type") == "string"
+                if name in fields and plain and not {"enum", "const", "pattern"} & sub.keys():
+                    mark = _MARK.format(len(marks))
+                    marks[mark] = int(sub.get("minLength", 0))
+                    properties[name] = {"type": "string", "enum": [mark]}
+                else:
+                    properties[name] = _mark_escaped(sub, fields, marks)
+            out[key] = properties
+        else:
+            out[key] = _mark_escaped(value, fields, marks)
+    return out
+
+
+def schema_grammar(schema: dict[str, Any], escaped: frozenset[str] = ESCAPED_FIELDS) -> str:
     """The EBNF grammar (xgrammar's dialect) of a JSON schema, compact one-line layout.
 
     That is the layout of `json.dumps` and of the prompt's few-shot plans, and it leaves
-    the model no whitespace to spend tokens on. Length-bounded strings are patched to
-    take JSON escapes (see above). Raises `ConstraintError` on a schema xgrammar cannot
-    express, or when xgrammar prints a bounded string this patch does not recognise.
+    the model no whitespace to spend tokens on. String properties named in `escaped` take
+    JSON escapes (see above). Raises `ConstraintError` on a schema xgrammar cannot
+    express.
     """
     xgr = _xgrammar()
+    marks: dict[str, int] = {}
+    marked = _mark_escaped(schema, escaped, marks)
     try:
         ebnf = str(
-            xgr.Grammar.from_json_schema(json.dumps(schema), any_whitespace=False, strict_mode=True)
+            xgr.Grammar.from_json_schema(json.dumps(marked), any_whitespace=False, strict_mode=True)
         )
     except Exception as exc:  # xgrammar raises its own and RuntimeError types
         raise ConstraintError(f"cannot compile the plan schema: {exc}") from exc
+    for mark, min_length in marks.items():
+        literal = f'"\\"{mark}\\""'
+        if literal not in ebnf:
+            raise ConstraintError(f"xgrammar printed the schema in an unexpected form ({mark})")
+        rule = "escaped_nonempty_string" if min_length > 0 else "basic_string"
+        ebnf = ebnf.replace(literal, rule)
+    # The bounded strings' class lets raw control characters through, which JSON forbids.
+    ebnf = ebnf.replace(_CHARACTERS, _TEXT_CHARACTERS)
     lines = ebnf.splitlines()
-    patched: set[str] = set()
-    for i, line in enumerate(lines):
-        if match := _BOUNDED_STRING.match(line):
-            name, characters, min_length = match.groups()
-            body = _NON_EMPTY_STRING if int(min_length) > 0 else _STRING
-            lines[i] = f"{name} ::= {body}"
-            patched.add(characters)
-    lines = [line for line in lines if line.partition(" ::= ")[0] not in patched]
-    if any(line.partition(" ::= ")[2] == _CHARACTERS for line in lines):
-        # A bounded string in a form this xgrammar prints differently: refuse rather than
-        # silently keep strings that cannot hold escapes.
-        raise ConstraintError("xgrammar printed a bounded string that cannot be patched")
-    defined = {line.partition(" ::= ")[0] for line in lines}
-    lines += [rule for name, rule in _STRING_RULES.items() if name not in defined]
+    if marks:
+        defined = {line.partition(" ::= ")[0] for line in lines}
+        lines += [rule for name, rule in _STRING_RULES.items() if name not in defined]
     return "\n".join(lines) + "\n"
 
 

@@ -99,9 +99,14 @@ def test_enum_and_stop_tokens(llm: Any, constraint: Any) -> None:
     assert after and after <= set(constraint.stop_token_ids)
 
 
+# `input` carries code (escapes allowed, length left to validation); `note` is free text
+# (bounded by the grammar).
 BOUNDED = {
     "type": "object",
-    "properties": {"input": {"type": "string", "minLength": 1, "maxLength": 12}},
+    "properties": {
+        "input": {"type": "string", "minLength": 1, "maxLength": 12},
+        "note": {"type": "string", "maxLength": 5},
+    },
     "required": ["input"],
     "additionalProperties": False,
 }
@@ -128,19 +133,19 @@ def accepts(constraint: Any, schema: dict[str, Any], text: str) -> bool:
         ("trailing \\", False),  # a lone backslash before the closing quote
     ],
 )
-def test_bounded_strings_take_json_escapes(constraint: Any, value: str, ok: bool) -> None:
+def test_code_fields_take_json_escapes(constraint: Any, value: str, ok: bool) -> None:
     """xgrammar alone forbids every escape in a length-bounded string, so python code in a
-    plan could not have a second line; the patched grammar allows JSON's escapes, and
-    only those."""
+    plan could not have a second line; the code fields take JSON's escapes, and only
+    those."""
     text = '{"input": "' + value + '"}'
     assert accepts(constraint, BOUNDED, text) is ok
     if ok:
         json.loads(text)
 
 
-def test_string_lengths_are_left_to_validation(constraint: Any) -> None:
-    """The grammar no longer counts characters; `max_tokens` bounds a completion and plan
-    validation checks the plan's own limits exactly."""
+def test_code_field_lengths_are_left_to_validation(constraint: Any) -> None:
+    """The grammar does not count a code field's characters; `max_tokens` bounds a
+    completion and plan validation checks the plan's own limits exactly."""
     from services.errors import PlanInvalid
     from services.plans import parse_plan
     from services.schemas import MAX_STEP_INPUT_CHARS
@@ -178,16 +183,26 @@ def test_control_tokens_stay_out_of_strings(llm: Any, constraint: Any) -> None:
     assert tokens(llm, " b")[0] in allowed
 
 
-def test_bounded_strings_under_any_rule_name_are_patched(constraint: Any) -> None:
-    """xgrammar names rules after `$defs` keys, which may hold any character."""
-    schema = {
-        "$defs": {"my-str.x": {"type": "string", "maxLength": 20}},
-        "type": "object",
-        "properties": {"code": {"$ref": "#/$defs/my-str.x"}},
-        "required": ["code"],
-        "additionalProperties": False,
-    }
-    assert accepts(constraint, schema, '{"code": "a = 1\\nb = 2"}')
+def test_free_text_stays_bounded(constraint: Any) -> None:
+    """Other strings keep the schema's maxLength, so free text cannot run on."""
+    assert accepts(constraint, BOUNDED, '{"input": "x", "note": "short"}')
+    assert not accepts(constraint, BOUNDED, '{"input": "x", "note": "longer"}')
+
+
+def test_the_plan_schema_bounds_reasoning_and_frees_step_inputs(constraint: Any) -> None:
+    from services.schemas import plan_json_schema
+    from services.toolspecs import tool_names
+
+    schema = plan_json_schema(tool_names())
+    code = "a = 1\nb = 2\nresult = a + b"
+
+    def plan(reasoning: str, code: str) -> str:
+        step = {"id": "s1", "tool": "python", "input": code, "depends_on": []}
+        return json.dumps({"reasoning": reasoning, "steps": [step], "answer_step": "s1"})
+
+    assert accepts(constraint, schema, plan("Add.", code))
+    assert accepts(constraint, schema, plan("Add.", "x = 1\n" * 200))  # past maxLength 600
+    assert not accepts(constraint, schema, plan("r" * 301, code))  # reasoning maxLength 300
 
 
 @pytest.mark.parametrize("raw", ["\n", "\t", "\x00", "\x1f"])
