@@ -44,7 +44,9 @@ def evaluate(
     threads: int = 1,
     limit: int | None = None,
     untrained: bool = True,
+    scores_out: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
+    """Metrics per model and split; per-claim logits go into `scores_out` when given."""
     set_threads(threads)
     tokenizer = load_tokenizer(base_model)
     data = {s: read_jsonl(Path(data_dir) / f"{s}.jsonl")[:limit] for s in ["val", *splits]}
@@ -78,6 +80,17 @@ def evaluate(
         n_scored = sum(len(data[s]) for s in needed)
         entry["seconds_per_claim"] = round(seconds / max(n_scored, 1), 4)
         results[name] = entry
+        if scores_out is not None:
+            scores_out[name] = {
+                "temperature": temperature,
+                **{
+                    split: [
+                        {"id": r.get("id"), "kind": r["kind"], "label": bool(r["label"]), "z": z}
+                        for r, z in zip(data[split], scored[split], strict=True)
+                    ]
+                    for split in splits
+                },
+            }
         del model
     return results
 
@@ -101,7 +114,15 @@ def main(argv: list[str] | None = None) -> None:
         help="also score the base model alone (--no-untrained: only the adapter)",
     )
     parser.add_argument("--out", type=Path, default=None, help="write the metrics JSON here")
+    parser.add_argument(
+        "--scores-out",
+        type=Path,
+        default=None,
+        help="write every claim's logit difference z (per model and split) here, "
+        "for paired comparisons between runs",
+    )
     args = parser.parse_args(argv)
+    scores: dict[str, Any] | None = {} if args.scores_out else None
     result: dict[str, Any] = {
         "models": evaluate(
             args.base_model,
@@ -111,8 +132,12 @@ def main(argv: list[str] | None = None) -> None:
             args.threads,
             args.limit,
             args.untrained,
+            scores,
         )
     }
+    if args.scores_out and scores is not None:
+        args.scores_out.parent.mkdir(parents=True, exist_ok=True)
+        args.scores_out.write_text(json.dumps(scores) + "\n")
     text = json.dumps(result, indent=2)
     if args.out:
         args.out.write_text(text + "\n")

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("peft")
 pytest.importorskip("transformers")
 
-from training import calibrate, data, evaluate, metrics, train_lora  # noqa: E402
+from training import calibrate, compare, data, evaluate, metrics, train_lora  # noqa: E402
 from training.prompt import PROMPT_FORMAT  # noqa: E402
 
 pytestmark = [pytest.mark.model]
@@ -125,9 +125,18 @@ def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
             str(data_dir),
             "--out",
             str(out),
+            "--scores-out",
+            str(tmp_path / "scores.json"),
         ]
     )
     result = json.loads(out.read_text())["models"]
+    scores = json.loads((tmp_path / "scores.json").read_text())
+    n_test = len(data.read_jsonl(data_dir / "test.jsonl"))
+    assert set(scores) == {"untrained", "lora"} and len(scores["lora"]["test"]) == n_test
+    assert scores["lora"]["temperature"] == pytest.approx(cal["temperature"])
+    paired = compare.compare_split(scores["untrained"]["test"], scores["lora"]["test"], 50, 1)
+    assert paired["accuracy_a"] == result["untrained"]["test"]["calibrated"]["accuracy"]
+    assert paired["accuracy_b"] == result["lora"]["test"]["calibrated"]["accuracy"]
     for model in ("untrained", "lora"):
         for split in ("test", "gsm8k_test"):
             for mode in ("uncalibrated", "calibrated"):
@@ -194,3 +203,17 @@ def test_balanced_batches_hold_equal_labels_and_parse_as_flags(tmp_path: Path) -
         train_lora.parse_args([*args, "--balanced-batches", "--batch-size", "5"])
     with pytest.raises(ValueError, match="both TRUE and FALSE"):
         train_lora.make_batches([{"label": True}] * 20, [1] * 20, cfg, random.Random(1))
+
+
+def test_paired_comparison_counts_discordant_claims() -> None:
+    labels = [True, False] * 10
+    a = [{"id": i, "label": y, "z": 1.0 if y else -1.0} for i, y in enumerate(labels)]
+    b = [dict(r, z=-r["z"] if r["id"] < 4 else r["z"]) for r in a]  # B misses 4 claims
+    out = compare.compare_split(a, b, 200, 0)
+    assert (out["accuracy_a"], out["accuracy_b"], out["accuracy_diff"]) == (1.0, 0.8, -0.2)
+    assert (out["only_a_right"], out["only_b_right"]) == (4, 0)
+    assert out["mcnemar_p"] == pytest.approx(0.125)  # 2 * (1/2)**4
+    assert out["accuracy_diff_95"][0] <= -0.2 <= out["accuracy_diff_95"][1] <= 0
+    assert compare.mcnemar_p(0, 0) == 1.0
+    with pytest.raises(ValueError, match="different claims"):
+        compare.compare_split(a, b[:-1], 10, 0)
