@@ -25,6 +25,7 @@ import resource
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
@@ -75,20 +76,13 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     warm = build_messages("What is 2 + 2?", tools)
     await backend.generate(GenerationRequest(warm, schema, max_tokens=16, seed=0))
 
-    # Each question is decoded with and without the schema back to back, so the machine's
-    # load moves both figures alike; --time-budget-s stops starting new questions.
-    labels = ("constrained", "unconstrained")
-    valid = dict.fromkeys(labels, 0)
-    tokens = dict.fromkeys(labels, 0)
-    wall = dict.fromkeys(labels, 0.0)
-    asked = 0
-    for i, q in enumerate(questions(args.questions)):
-        if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
-            print(f"time budget reached after {i} questions", flush=True)
-            break
-        asked += 1
-        for label in labels:
-            constrained = label == "constrained"
+    qs = questions(args.questions)
+    gate = asyncio.Semaphore(args.concurrency)
+
+    async def one(i: int, q: str, constrained: bool) -> tuple[int, bool]:
+        """One plan for question i; `--concurrency` requests are in flight at once, which
+        the engine batches (continuous batching), as it would for concurrent users."""
+        async with gate:
             request = GenerationRequest(
                 messages=build_messages(q, tools),
                 json_schema=schema if constrained else {},
@@ -102,30 +96,56 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
             gen = await (
                 backend.generate(request) if constrained else generate_free(backend, request)
             )
-            dt = time.perf_counter() - t0
-            wall[label] += dt
-            tokens[label] += gen.completion_tokens
             try:
                 parse_plan(gen.texts[0], names)
-                valid[label] += 1
                 ok = True
             except PlanInvalid:
                 ok = False
+            label = "constrained" if constrained else "unconstrained"
             print(
-                f"{label} q{i}: {dt:.1f} s, {gen.completion_tokens} tokens, "
-                f"{'valid' if ok else 'invalid'}",
+                f"{label} q{i}: {time.perf_counter() - t0:.1f} s, "
+                f"{gen.completion_tokens} tokens, {'valid' if ok else 'invalid'}",
                 flush=True,
             )
-    results = {
-        label: {
-            "questions": asked,
-            "valid_plans": valid[label],
-            "plans_per_s": round(asked / wall[label], 4) if wall[label] else None,
-            "decode_tok_per_s": round(tokens[label] / wall[label], 2) if wall[label] else None,
-            "completion_tokens": tokens[label],
+            return gen.completion_tokens, ok
+
+    async def phase(items: list[tuple[int, str]], constrained: bool) -> dict[str, Any]:
+        t0 = time.perf_counter()
+        done = await asyncio.gather(*(one(i, q, constrained) for i, q in items))
+        wall = time.perf_counter() - t0
+        tokens = sum(t for t, _ in done)
+        return {
+            "questions": len(items),
+            "valid_plans": sum(ok for _, ok in done),
+            "wall_s": round(wall, 1),
+            "plans_per_s": round(len(items) / wall, 4),
+            "decode_tok_per_s": round(tokens / wall, 2),
+            "completion_tokens": tokens,
         }
-        for label in labels
-    }
+
+    # Cost of constraining: the first --unconstrained questions with and without the
+    # schema, at the same concurrency, one phase right after the other.
+    paired = list(enumerate(qs[: args.unconstrained]))
+    results: dict[str, Any] = {}
+    if paired:
+        results["paired_constrained"] = await phase(paired, True)
+        results["paired_unconstrained"] = await phase(paired, False)
+    # All questions with the schema, in chunks so that --time-budget-s can stop the run.
+    chunk = list(enumerate(qs))
+    main = {"questions": 0, "valid_plans": 0, "wall_s": 0.0, "completion_tokens": 0}
+    while chunk:
+        if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
+            print(f"time budget reached after {main['questions']} questions", flush=True)
+            break
+        part, chunk = chunk[: 4 * args.concurrency], chunk[4 * args.concurrency :]
+        figures = await phase(part, True)
+        for key in ("questions", "valid_plans", "wall_s", "completion_tokens"):
+            main[key] += figures[key]
+    main["plans_per_s"] = round(main["questions"] / main["wall_s"], 4) if main["wall_s"] else 0
+    main["decode_tok_per_s"] = (
+        round(main["completion_tokens"] / main["wall_s"], 2) if main["wall_s"] else 0
+    )
+    results["constrained"] = main
     await backend.close()
     rss_mib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     return {
@@ -136,6 +156,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "load_s": round(load_s, 1),
         "frontend_max_rss_mib": round(rss_mib),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
+        "concurrency": args.concurrency,
         **results,
     }
 
@@ -172,6 +193,10 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument(
         "--time-budget-s", type=float, default=0, help="stop starting questions after this"
+    )
+    parser.add_argument("--concurrency", type=int, default=8, help="requests in flight")
+    parser.add_argument(
+        "--unconstrained", type=int, default=16, help="questions also decoded without schema"
     )
     args = parser.parse_args()
     figures = asyncio.run(run(args))
