@@ -131,7 +131,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         results["paired_constrained"] = await phase(paired, True)
         results["paired_unconstrained"] = await phase(paired, False)
     # All questions with the schema, in chunks so that --time-budget-s can stop the run.
-    chunk = list(enumerate(qs))
+    chunk = list(enumerate(qs))[args.start :]  # --start resumes a run cut by its budget
     main = {"questions": 0, "valid_plans": 0, "wall_s": 0.0, "completion_tokens": 0}
     while chunk:
         if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
@@ -157,6 +157,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "frontend_max_rss_mib": round(rss_mib),
         "machine": f"{platform.machine()} {os.cpu_count()} cpus",
         "concurrency": args.concurrency,
+        "start": args.start,
         **results,
     }
 
@@ -187,6 +188,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--model-path", type=Path, required=True)
     parser.add_argument("--questions", type=int, default=8)
+    parser.add_argument(
+        "--start", type=int, default=0, help="skip the first N questions of the main run"
+    )
     parser.add_argument("--quantization", default="")
     parser.add_argument("--dtype", default="float32")
     parser.add_argument("--max-model-len", type=int, default=2048)
