@@ -15,6 +15,7 @@ instead of falling back to unconstrained decoding.
 
 from __future__ import annotations
 
+import functools
 import json
 import time
 from typing import Any
@@ -129,11 +130,16 @@ def schema_grammar(schema: dict[str, Any], escaped: frozenset[str] = ESCAPED_FIE
     That is the layout of `json.dumps` and of the prompt's few-shot plans, and it leaves
     the model no whitespace to spend tokens on. String properties named in `escaped` take
     JSON escapes (see above). Raises `ConstraintError` on a schema xgrammar cannot
-    express.
+    express. Cached: the schema repeats for every request with the same tools.
     """
+    return _schema_grammar(json.dumps(schema), escaped)  # key order matters: no sort_keys
+
+
+@functools.lru_cache(maxsize=32)
+def _schema_grammar(schema_json: str, escaped: frozenset[str]) -> str:
     xgr = _xgrammar()
     marks: dict[str, int] = {}
-    marked = _mark_escaped(schema, escaped, marks)
+    marked = _mark_escaped(json.loads(schema_json), escaped, marks)
     try:
         ebnf = str(
             xgr.Grammar.from_json_schema(json.dumps(marked), any_whitespace=False, strict_mode=True)

@@ -20,7 +20,6 @@ planner runs without it.
 from __future__ import annotations
 
 import asyncio
-import json
 import time
 import uuid
 from typing import Any
@@ -90,7 +89,6 @@ class VllmBackend:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._dead: str | None = None
-        self._grammars: dict[str, str] = {}
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -163,17 +161,6 @@ class VllmBackend:
         )
         return list(self._tokenizer.encode(text, add_special_tokens=False))
 
-    def grammar(self, schema: dict[str, Any]) -> str:
-        """The schema's grammar (cached: schemas repeat per tool set)."""
-        key = json.dumps(schema, sort_keys=True)
-        grammar = self._grammars.get(key)
-        if grammar is None:
-            grammar = schema_grammar(schema)
-            if len(self._grammars) > 32:
-                self._grammars.clear()
-            self._grammars[key] = grammar
-        return grammar
-
     def sampling_params(self, request: GenerationRequest, max_tokens: int) -> Any:
         from vllm.sampling_params import RequestOutputKind, SamplingParams, StructuredOutputsParams
 
@@ -184,7 +171,7 @@ class VllmBackend:
             max_tokens=max_tokens,
             seed=request.seed,
             # Compact JSON: whitespace between tokens is only wasted decode steps.
-            structured_outputs=StructuredOutputsParams(grammar=self.grammar(request.json_schema)),
+            structured_outputs=StructuredOutputsParams(grammar=schema_grammar(request.json_schema)),
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 
