@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextvars
 import json
 import os
 import platform
@@ -24,6 +25,7 @@ import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -57,8 +59,17 @@ def load_questions(limit: int, seed: int) -> list[dict[str, Any]]:
     return random.Random(seed).sample(items, min(limit, len(items)))
 
 
+# The calls made for the question being planned in the current task (questions run
+# concurrently with --concurrency, each in its own task and so its own context).
+_question_calls: contextvars.ContextVar[list[tuple[Generation, Any]]] = contextvars.ContextVar(
+    "question_calls"
+)
+
+
 class Recorder:
-    """Wraps a backend and keeps every generation with the backend's timing stats."""
+    """Wraps a backend and keeps every generation with its timing stats: the backend's own
+    (llama.cpp measures prefill and the grammar) or, for a backend that reports none (an
+    OpenAI-compatible server), the call's wall time, prefill included."""
 
     def __init__(self, backend: Any) -> None:
         self.backend = backend
@@ -68,14 +79,26 @@ class Recorder:
 
     async def load(self) -> None:
         await self.backend.load()
+        self.model = self.backend.model
 
     async def close(self) -> None:
         await self.backend.close()
 
     async def generate(self, request: GenerationRequest) -> Generation:
+        return (await self.measure(request))[0]
+
+    async def measure(self, request: GenerationRequest) -> tuple[Generation, Any]:
+        started = time.perf_counter()
         generation = await self.backend.generate(request)
-        self.calls.append((generation, getattr(self.backend, "last_stats", None)))
-        return generation
+        wall = time.perf_counter() - started
+        stats = getattr(self.backend, "last_stats", None) or SimpleNamespace(
+            completion_tokens=generation.completion_tokens, wall_s=wall, prompt_eval_s=0.0
+        )
+        call = (generation, stats)
+        self.calls.append(call)
+        if (question := _question_calls.get(None)) is not None:
+            question.append(call)
+        return call
 
 
 def is_valid(text: str) -> bool:
@@ -109,13 +132,20 @@ def correct(answer: str | None, gold: str) -> bool:
 
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
+    openai = (
+        {"openai_base_url": args.openai_base_url, "openai_model": args.model}
+        if args.backend == "openai"
+        else {}
+    )
     settings = PlannerSettings(
         backend=args.backend,
         model=args.model,
+        **openai,
         n_threads=args.threads,
         grammar_engine=args.grammar_engine,
         max_tokens=args.max_tokens,
         seed=args.seed,
+        max_attempts=args.max_attempts,
         **({"temperature": args.temperature} if args.temperature is not None else {}),
     )
     questions = load_questions(args.limit, args.seed)
@@ -131,58 +161,73 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     if not service.ready:
         raise SystemExit(f"model failed to load: {service.load_error}")
     rss_loaded = rss_mib()
-    print(f"loaded {settings.model} in {load_s:.1f} s, RSS {rss_loaded:.0f} MiB", flush=True)
+    model_name = recorder.model or settings.model
+    print(f"loaded {model_name} in {load_s:.1f} s, RSS {rss_loaded:.0f} MiB", flush=True)
 
     records: list[dict[str, Any]] = []
     async with AsyncExitStack() as stack:
         executor = await make_executor(stack) if args.execute else None
         loop = asyncio.get_running_loop()
         plan_seconds = 0.0
-        for i, item in enumerate(questions, start=1):
-            if args.time_budget_s and time.perf_counter() - started > args.time_budget_s:
-                print(f"time budget reached after {i - 1} questions", flush=True)
-                break
-            first_call = len(recorder.calls)
-            t0 = time.perf_counter()
-            plan = None
-            error = None
-            try:
-                response = await service.plan(PlanRequest(question=item["question"]))
-                plan = response.plans[0]
-            except PlanningFailed as exc:
-                error = exc.message
-            elapsed = time.perf_counter() - t0
-            plan_seconds += elapsed
-            calls = recorder.calls[first_call:]
-            record: dict[str, Any] = {
-                "id": item["id"],
-                "gold": item["answer"],
-                "seconds": round(elapsed, 3),
-                "attempts": len(calls),
-                "first_valid": is_valid(calls[0][0].texts[0]) if calls else False,
-                "valid": plan is not None,
-                "error": error,
-                "answer": None,
-                "correct": False,
-            }
-            if plan is not None and executor is not None:
-                execution = await executor.run(plan, deadline=loop.time() + args.exec_timeout_s)
-                record["answer"] = execution.answer
-                record["correct"] = correct(execution.answer, item["answer"])
-                record["steps"] = [s.status for s in execution.steps]
-            if args.keep_plans:
-                record["plan"] = plan.model_dump() if plan else None
-            records.append(record)
-            if args.records:
-                with Path(args.records).open("a") as fh:  # noqa: ASYNC230 (tiny append)
-                    fh.write(json.dumps(record) + "\n")
-            done = sum(r["correct"] for r in records)
-            print(
-                f"[{i}/{len(questions)}] {item['id']} {elapsed:.1f}s attempts={len(calls)} "
-                f"valid={record['valid']} answer={record['answer']!r} gold={item['answer']} "
-                f"correct={done}/{i}",
-                flush=True,
-            )
+        gate = asyncio.Semaphore(args.concurrency)
+        out_of_time = False
+
+        async def one(item: dict[str, Any]) -> None:
+            nonlocal plan_seconds, out_of_time
+            async with gate:
+                if out_of_time or (
+                    args.time_budget_s and time.perf_counter() - started > args.time_budget_s
+                ):
+                    out_of_time = True
+                    return
+                calls: list[tuple[Generation, Any]] = []
+                _question_calls.set(calls)
+                t0 = time.perf_counter()
+                plan = None
+                error = None
+                try:
+                    response = await service.plan(PlanRequest(question=item["question"]))
+                    plan = response.plans[0]
+                except PlanningFailed as exc:
+                    error = exc.message
+                elapsed = time.perf_counter() - t0
+                plan_seconds += elapsed
+                record: dict[str, Any] = {
+                    "id": item["id"],
+                    "gold": item["answer"],
+                    "seconds": round(elapsed, 3),
+                    "attempts": len(calls),
+                    "first_valid": is_valid(calls[0][0].texts[0]) if calls else False,
+                    "valid": plan is not None,
+                    "error": error,
+                    "answer": None,
+                    "correct": False,
+                }
+                if plan is not None and executor is not None:
+                    execution = await executor.run(plan, deadline=loop.time() + args.exec_timeout_s)
+                    record["answer"] = execution.answer
+                    record["correct"] = correct(execution.answer, item["answer"])
+                    record["steps"] = [s.status for s in execution.steps]
+                if args.keep_plans:
+                    record["plan"] = plan.model_dump() if plan else None
+                records.append(record)
+                if args.records:
+                    with Path(args.records).open("a") as fh:  # noqa: ASYNC230 (tiny append)
+                        fh.write(json.dumps(record) + "\n")
+                done = sum(r["correct"] for r in records)
+                print(
+                    f"[{len(records)}/{len(questions)}] {item['id']} {elapsed:.1f}s "
+                    f"attempts={len(calls)} valid={record['valid']} "
+                    f"answer={record['answer']!r} gold={item['answer']} "
+                    f"correct={done}/{len(records)}",
+                    flush=True,
+                )
+
+        phase_started = time.perf_counter()
+        await asyncio.gather(*(one(item) for item in questions))
+        phase_s = time.perf_counter() - phase_started
+        if out_of_time:
+            print(f"time budget reached after {len(records)} questions", flush=True)
         constrained_stats = [stats for _, stats in recorder.calls if stats is not None]
 
     # Cost of constraining: the same prompts decoded with the configured grammar engine,
@@ -193,12 +238,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     k = min(args.unconstrained, len(questions))
     if k and hasattr(backend, "constrained"):
         schema = plan_json_schema(tool_names())
-        engine = settings.grammar_engine
-        variants = [engine, *(["gbnf"] if engine != "gbnf" else []), None]
+        has_engines = hasattr(backend, "grammar_engine")
+        engine = settings.grammar_engine if has_engines else "schema"
+        variants = [engine, *(["gbnf"] if has_engines and engine != "gbnf" else []), None]
         paired: dict[str | None, list[Any]] = {v: [] for v in variants}
         valid: dict[str | None, int] = {v: 0 for v in variants}
-        for item in questions[:k]:
-            request = GenerationRequest(
+        requests = [
+            GenerationRequest(
                 messages=build_messages(item["question"], list(DEFAULT_TOOLS)),
                 json_schema=schema,
                 temperature=settings.temperature,
@@ -206,13 +252,36 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 max_tokens=settings.max_tokens,
                 seed=settings.seed,
             )
-            for variant in variants:
-                backend.constrained = variant is not None
+            for item in questions[:k]
+        ]
+
+        def use(variant: str | None) -> None:
+            backend.constrained = variant is not None
+            if has_engines:
                 backend.grammar_engine = variant or engine
-                generation = await backend.generate(request)
-                paired[variant].append(backend.last_stats)
-                valid[variant] += is_valid(generation.texts[0])
-        backend.constrained, backend.grammar_engine = True, engine
+
+        async def decode(variant: str | None, request: GenerationRequest) -> None:
+            async with gate:
+                generation, stats = await recorder.measure(request)
+            paired[variant].append(stats)
+            valid[variant] += is_valid(generation.texts[0])
+
+        if args.concurrency == 1:
+            # One request at a time: interleave the variants per question, so that
+            # machine load hits all of them alike.
+            for request in requests:
+                for variant in variants:
+                    use(variant)
+                    await decode(variant, request)
+        else:
+            # Requests in flight together share the server's batch: one phase per
+            # variant (the switch is the backend's, not the request's).
+            for variant in variants:
+                use(variant)
+                await asyncio.gather(*(decode(variant, r) for r in requests))
+        backend.constrained = True
+        if has_engines:
+            backend.grammar_engine = engine
         c_rate, c_tokens, _ = decode_rate(paired[engine])
         u_rate, u_tokens, _ = decode_rate(paired[None])
         unconstrained = {
@@ -237,12 +306,21 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
 
     n = len(records)
     rate, tokens, _ = decode_rate(constrained_stats)
+    # With several requests in flight, per-request rates undercount what the server
+    # delivers: throughput is all completion tokens over the phase's wall time.
+    throughput = {
+        "concurrency": args.concurrency,
+        "phase_wall_s": round(phase_s, 1),
+        "throughput_plans_per_s": round(n / phase_s, 3) if phase_s else None,
+        "throughput_decode_tok_s": round(tokens / phase_s, 2) if phase_s else None,
+    }
     figures: dict[str, Any] = {
         "benchmark": "planner",
         "date": time.strftime("%Y-%m-%d"),
         "machine": f"{platform.machine()} {platform.processor() or ''} cpus={_cpus()}".strip(),
         "backend": settings.backend,
-        "model": settings.model,
+        "model": model_name,
+        **({"endpoint": settings.openai_base_url} if settings.backend == "openai" else {}),
         "questions": n,
         "questions_requested": len(questions),
         "sample": f"GSM8K train, random.Random({args.seed}).sample, few-shot items excluded",
@@ -262,6 +340,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         "plans_per_s": round(n / plan_seconds, 3) if plan_seconds else None,
         "seconds_per_plan": round(plan_seconds / max(n, 1), 2),
         "decode_tok_s": round(rate, 2),
+        **throughput,
         "completion_tokens": tokens,
         "grammar_engine": settings.grammar_engine if settings.backend == "llamacpp" else None,
         "constraint_ms_per_token": round(
@@ -291,6 +370,20 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=None, help="default: settings")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=None, help="llama.cpp threads")
+    parser.add_argument(
+        "--openai-base-url",
+        default="http://127.0.0.1:8100/v1",
+        help="backend openai: the endpoint; --model is the served model name",
+    )
+    parser.add_argument(
+        "--max-attempts", type=int, default=3, help="the service's attempts per question"
+    )
+    parser.add_argument(
+        "--concurrency",
+        type=int,
+        default=1,
+        help="questions in flight (llama.cpp runs one generation at a time whatever this is)",
+    )
     parser.add_argument(
         "--grammar-engine", choices=["xgrammar", "gbnf"], default="xgrammar", help="llama.cpp"
     )

@@ -52,6 +52,9 @@ class OpenAIBackend:
         self.model = settings.openai_model or ""
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
+        # Requests without `response_format` exist only to measure what the schema costs
+        # (scripts/bench_planner.py); the service never turns this off.
+        self.constrained = True
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -106,11 +109,12 @@ class OpenAIBackend:
             "temperature": request.temperature,
             "top_p": request.top_p,
             "max_tokens": request.max_tokens,
-            "response_format": {
+        }
+        if self.constrained:
+            payload["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "plan", "schema": request.json_schema, "strict": True},
-            },
-        }
+            }
         if request.seed is not None:
             payload["seed"] = request.seed
         body = await self._request("POST", "/chat/completions", json=payload)

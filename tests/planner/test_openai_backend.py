@@ -127,6 +127,19 @@ async def test_sends_schema_n_sampling_and_bearer_key_in_one_request() -> None:
 
 
 @pytest.mark.unit
+async def test_unconstrained_requests_for_measurement_carry_no_response_format() -> None:
+    rec = Recorder()
+    backend = await loaded(rec)
+    backend.constrained = False
+    await backend.generate(request(n=1))
+    backend.constrained = True
+    await backend.generate(request(n=1))
+    await backend.close()
+    bodies = [json.loads(r.content) for r in rec.requests if r.url.path.endswith("/completions")]
+    assert ["response_format" in body for body in bodies] == [False, True]
+
+
+@pytest.mark.unit
 async def test_configured_model_must_be_served() -> None:
     backend = await loaded(Recorder(models=["a", "b"]), openai_model="b")
     assert backend.model == "b"
