@@ -36,7 +36,7 @@ from planner.backends.base import Generation, GenerationRequest  # noqa: E402
 from planner.prompting import build_messages, few_shot  # noqa: E402
 from planner.service import PlannerService  # noqa: E402
 from services.arith import numbers_close, parse_number  # noqa: E402
-from services.errors import PlanInvalid, PlanningFailed  # noqa: E402
+from services.errors import DependencyUnavailable, PlanInvalid, PlanningFailed  # noqa: E402
 from services.plans import parse_plan  # noqa: E402
 from services.schemas import PlanRequest, plan_json_schema  # noqa: E402
 from services.settings import OrchestratorSettings, PlannerSettings  # noqa: E402
@@ -133,7 +133,11 @@ def correct(answer: str | None, gold: str) -> bool:
 
 async def main(args: argparse.Namespace) -> dict[str, Any]:
     openai = (
-        {"openai_base_url": args.openai_base_url, "openai_model": args.model}
+        {
+            "openai_base_url": args.openai_base_url,
+            "openai_model": args.model,
+            "openai_timeout_s": args.openai_timeout_s,
+        }
         if args.backend == "openai"
         else {}
     )
@@ -185,11 +189,17 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                 t0 = time.perf_counter()
                 plan = None
                 error = None
+                failed = False
                 try:
                     response = await service.plan(PlanRequest(question=item["question"]))
                     plan = response.plans[0]
                 except PlanningFailed as exc:
                     error = exc.message
+                except DependencyUnavailable as exc:
+                    # The backend failed (a timeout, a server error): not the plan's fault,
+                    # so it is kept apart from invalid plans (`backend_errors`).
+                    error = f"{exc.error_type}: {exc.message}"
+                    failed = True
                 elapsed = time.perf_counter() - t0
                 plan_seconds += elapsed
                 record: dict[str, Any] = {
@@ -200,6 +210,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
                     "first_valid": is_valid(calls[0][0].texts[0]) if calls else False,
                     "valid": plan is not None,
                     "error": error,
+                    "backend_error": failed,
                     "answer": None,
                     "correct": False,
                 }
@@ -336,6 +347,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             100 * sum(r["first_valid"] for r in records) / max(n, 1), 1
         ),
         "schema_valid_pct": round(100 * sum(r["valid"] for r in records) / max(n, 1), 1),
+        "backend_errors": sum(r["backend_error"] for r in records),
         "mean_attempts": round(sum(r["attempts"] for r in records) / max(n, 1), 2),
         "plans_per_s": round(n / plan_seconds, 3) if plan_seconds else None,
         "seconds_per_plan": round(plan_seconds / max(n, 1), 2),
@@ -375,6 +387,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         default="http://127.0.0.1:8100/v1",
         help="backend openai: the endpoint; --model is the served model name",
     )
+    parser.add_argument("--openai-timeout-s", type=float, default=300.0)
     parser.add_argument(
         "--max-attempts", type=int, default=3, help="the service's attempts per question"
     )
