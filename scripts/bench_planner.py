@@ -10,6 +10,11 @@ Questions are a seeded sample of GSM8K train, without the few-shot examples. The
 line of output is one JSON object with the figures.
 
     .venv/bin/python scripts/bench_planner.py --model qwen2.5-coder-0.5b-instruct --limit 200
+    .venv/bin/python scripts/bench_planner.py --backend openai --model SERVED_NAME \
+        --openai-base-url http://127.0.0.1:8100/v1 --concurrency 8
+
+With the openai backend the server decodes; timings are the client's (each request's
+wall time), and throughput is all completion tokens over the run's wall time.
 """
 
 from __future__ import annotations
