@@ -45,10 +45,14 @@ def plot_accuracy_latency(summaries: list[GroupSummary], path: Path) -> bool:
         )
     xs = [s.latency_ms["total"]["p50"] / 1000 for s in points]
     if min(xs) > 0 and max(xs) / min(xs) > 10:  # log scale only across decades
-        from matplotlib.ticker import ScalarFormatter
+        from matplotlib.ticker import FuncFormatter, ScalarFormatter
 
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ScalarFormatter())
+        # Plain numbers on the 2s and 5s between decades, nothing on the rest.
+        ax.xaxis.set_minor_formatter(
+            FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")
+        )
         scale = " (log scale)"
     else:
         ax.set_xlim(0, max(xs) * 1.15)
