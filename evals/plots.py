@@ -20,6 +20,12 @@ def _pyplot() -> Any:
 MARKERS = "osD^v<>PX*"
 
 
+def minor_log_label(value: float, _pos: object = None) -> str:
+    """A log axis's minor tick label: plain numbers on the 2s and 5s between decades."""
+    text = f"{value:g}"
+    return text if text.lstrip("0.")[:1] in ("2", "5") else ""
+
+
 def plot_accuracy_latency(summaries: list[GroupSummary], path: Path) -> bool:
     """Accuracy (with its 95% interval) against median total latency, one point per mode."""
     points = [s for s in summaries if "total" in s.latency_ms]
@@ -49,10 +55,7 @@ def plot_accuracy_latency(summaries: list[GroupSummary], path: Path) -> bool:
 
         ax.set_xscale("log")
         ax.xaxis.set_major_formatter(ScalarFormatter())
-        # Plain numbers on the 2s and 5s between decades, nothing on the rest.
-        ax.xaxis.set_minor_formatter(
-            FuncFormatter(lambda v, _: f"{v:g}" if f"{v:g}"[0] in "25" else "")
-        )
+        ax.xaxis.set_minor_formatter(FuncFormatter(minor_log_label))
         scale = " (log scale)"
     else:
         ax.set_xlim(0, max(xs) * 1.15)

@@ -244,7 +244,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         phase_s = time.perf_counter() - phase_started
         if out_of_time:
             print(f"time budget reached after {len(records)} questions", flush=True)
-        constrained_stats = [stats for _, stats in recorder.calls if stats is not None]
+        constrained_stats = [stats for _, stats in recorder.calls]
 
     # Cost of constraining: the same prompts decoded with the configured grammar engine,
     # with llama.cpp's GBNF sampler (when that is not the configured one) and without a

@@ -190,3 +190,18 @@ def test_write_report_makes_markdown_json_and_pngs(tmp_path: Path) -> None:
     summary = json.loads(written["json"].read_text())
     assert {g["mode"] for g in summary["groups"]} == {"direct", "plan", "plan+verify"}
     assert summary["routing"][0]["oracle_accuracy"] == pytest.approx(0.7)
+
+
+@pytest.mark.unit
+def test_log_latency_axis_labels_only_the_twos_and_fives() -> None:
+    from evals.plots import minor_log_label
+
+    assert [minor_log_label(v) for v in (2.0, 3.0, 5.0, 20.0, 40.0, 50.0, 0.2)] == [
+        "2",
+        "",
+        "5",
+        "20",
+        "",
+        "50",
+        "0.2",
+    ]
