@@ -21,6 +21,8 @@ from typing import Any
 
 from training.metrics import auroc
 
+CALIBRATION_KEYS = ("temperature", "bias")
+
 
 def _load(spec: str) -> dict[str, Any]:
     """`FILE:MODEL` (MODEL is a key of the file, e.g. `untrained` or `lora`)."""
@@ -48,14 +50,21 @@ def _interval(values: list[float]) -> list[float]:
 
 
 def compare_split(
-    a: list[dict[str, Any]], b: list[dict[str, Any]], resamples: int, seed: int
+    a: list[dict[str, Any]],
+    b: list[dict[str, Any]],
+    resamples: int,
+    seed: int,
+    calibration_a: tuple[float, float] = (1.0, 0.0),
+    calibration_b: tuple[float, float] = (1.0, 0.0),
 ) -> dict[str, Any]:
+    """B against A on one split; a verdict is TRUE when z / T + b >= 0 for the model's (T, b)."""
     if [r["id"] for r in a] != [r["id"] for r in b]:
         raise ValueError("the two files scored different claims; score the same split and limit")
     labels = [bool(r["label"]) for r in a]
     za, zb = [float(r["z"]) for r in a], [float(r["z"]) for r in b]
-    right_a = [(z >= 0) == y for z, y in zip(za, labels, strict=True)]
-    right_b = [(z >= 0) == y for z, y in zip(zb, labels, strict=True)]
+    (ta, ba), (tb, bb) = calibration_a, calibration_b
+    right_a = [(z / ta + ba >= 0) == y for z, y in zip(za, labels, strict=True)]
+    right_b = [(z / tb + bb >= 0) == y for z, y in zip(zb, labels, strict=True)]
     n = len(labels)
     only_a = sum(x and not y for x, y in zip(right_a, right_b, strict=True))
     only_b = sum(y and not x for x, y in zip(right_a, right_b, strict=True))
@@ -92,11 +101,13 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--seed", type=int, default=7, help="seeds the bootstrap")
     args = parser.parse_args(argv)
     a, b = _load(args.a), _load(args.b)
-    splits = [s for s in a if s != "temperature" and s in b]
+    splits = [s for s in a if s not in CALIBRATION_KEYS and s in b]
+    cal_a = (float(a.get("temperature", 1.0)), float(a.get("bias", 0.0)))
+    cal_b = (float(b.get("temperature", 1.0)), float(b.get("bias", 0.0)))
     result = {
         "a": args.a,
         "b": args.b,
-        **{s: compare_split(a[s], b[s], args.resamples, args.seed) for s in splits},
+        **{s: compare_split(a[s], b[s], args.resamples, args.seed, cal_a, cal_b) for s in splits},
     }
     print(json.dumps(result, indent=2))
 

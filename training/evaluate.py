@@ -4,7 +4,7 @@ For each model (the base model alone, and with the adapter) and each split (the 
 generated test split, claims from GSM8K test answers), reports accuracy, ECE (15
 equal-width bins), Brier score and AUROC, with T = 1 and with the temperature fitted on
 the validation split (the adapter's `calibration.json`; the untrained model gets its own
-fit on the same split, so both are compared fairly). The exact (symbolic) checks are
+fit, by the same method, on the same split, so both are compared fairly). The exact (symbolic) checks are
 measured by `scripts/bench_verifier.py`, since training code imports no service code.
 
     python -m training.evaluate --base-model DIR --adapter verifier/adapters/NAME \\
@@ -19,19 +19,30 @@ import time
 from pathlib import Path
 from typing import Any
 
+from training.calibrate import METHODS, fit
 from training.data import read_jsonl
-from training.metrics import fit_temperature, report
+from training.metrics import report
 from training.scoring import load_model, load_tokenizer, prompt_format, score_rows, set_threads
 
 
-def _by_kind(rows: list[dict[str, Any]], logits: list[float], temperature: float) -> dict[str, Any]:
+def read_calibration(path: Path) -> tuple[float, float, str]:
+    """(T, b, method) from a calibration.json; files without a bias are temperature-only."""
+    cal = json.loads(path.read_text())
+    names = {v: k for k, v in METHODS.items()}
+    method = names.get(str(cal.get("method")), "temperature")
+    return float(cal["temperature"]), float(cal.get("bias", 0.0)), method
+
+
+def _by_kind(
+    rows: list[dict[str, Any]], logits: list[float], temperature: float, bias: float
+) -> dict[str, Any]:
     kinds: dict[str, list[int]] = {}
     for i, r in enumerate(rows):
         kinds.setdefault(r["kind"], []).append(i)
     return {
-        k: report([logits[i] for i in idx], [bool(rows[i]["label"]) for i in idx], temperature)[
-            "accuracy"
-        ]
+        k: report(
+            [logits[i] for i in idx], [bool(rows[i]["label"]) for i in idx], temperature, bias
+        )["accuracy"]
         for k, idx in sorted(kinds.items())
     }
 
@@ -49,6 +60,9 @@ def evaluate(
     """Metrics per model and split; per-claim logits go into `scores_out` when given."""
     set_threads(threads)
     tokenizer = load_tokenizer(base_model)
+    adapter_cal = Path(adapter or "", "calibration.json")
+    # the untrained model is calibrated the way the adapter was
+    method = read_calibration(adapter_cal)[2] if adapter and adapter_cal.exists() else None
     data = {s: read_jsonl(Path(data_dir) / f"{s}.jsonl")[:limit] for s in ["val", *splits]}
     results: dict[str, Any] = {}
     models = ([("untrained", None)] if untrained or not adapter else []) + (
@@ -65,17 +79,17 @@ def evaluate(
         scored = {s: score_rows(model, tokenizer, data[s], fmt, progress=True) for s in needed}
         seconds = time.perf_counter() - started
         if fitted:
-            temperature = float(json.loads(calibration.read_text())["temperature"])
+            temperature, bias, _ = read_calibration(calibration)
         else:
             val_labels = [bool(r["label"]) for r in data["val"]]
-            temperature = fit_temperature(scored["val"], val_labels)
-        entry: dict[str, Any] = {"temperature": round(temperature, 6)}
+            temperature, bias = fit(scored["val"], val_labels, method or "temperature+bias")
+        entry: dict[str, Any] = {"temperature": round(temperature, 6), "bias": round(bias, 6)}
         for split in splits:
             labels = [bool(r["label"]) for r in data[split]]
             entry[split] = {
                 "uncalibrated": report(scored[split], labels, 1.0),
-                "calibrated": report(scored[split], labels, temperature),
-                "accuracy_by_kind": _by_kind(data[split], scored[split], temperature),
+                "calibrated": report(scored[split], labels, temperature, bias),
+                "accuracy_by_kind": _by_kind(data[split], scored[split], temperature, bias),
             }
         n_scored = sum(len(data[s]) for s in needed)
         entry["seconds_per_claim"] = round(seconds / max(n_scored, 1), 4)
@@ -83,6 +97,7 @@ def evaluate(
         if scores_out is not None:
             scores_out[name] = {
                 "temperature": temperature,
+                "bias": bias,
                 **{
                     split: [
                         {"id": r.get("id"), "kind": r["kind"], "label": bool(r["label"]), "z": z}

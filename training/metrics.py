@@ -1,14 +1,18 @@
 """Calibration and ranking metrics for binary verdicts, and temperature fitting.
 
-Probabilities are P(claim is TRUE); labels are booleans.
+Probabilities are P(claim is TRUE); labels are booleans. A raw score is the logit
+difference z = logit(TRUE) - logit(FALSE); calibrated, it reads sigmoid(z / T + b): the
+temperature T rescales confidence, the bias b moves the point where the verdict flips
+(b = 0 is plain temperature scaling).
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 ECE_BINS = 15
+BIAS_LIMIT = 20.0  # |b| beyond this moves every verdict one way
 
 
 def sigmoid(z: float) -> float:
@@ -64,45 +68,93 @@ def auroc(scores: Sequence[float], labels: Sequence[bool]) -> float:
     return (rank_sum - pos * (pos + 1) / 2) / (pos * neg)
 
 
-def nll(logits: Sequence[float], labels: Sequence[bool], temperature: float = 1.0) -> float:
-    """Mean negative log-likelihood of the labels under sigmoid(z / T)."""
+def calibrated(z: float, temperature: float = 1.0, bias: float = 0.0) -> float:
+    """P(TRUE) of a raw logit difference after calibration."""
+    return sigmoid(z / temperature + bias)
+
+
+def nll(
+    logits: Sequence[float], labels: Sequence[bool], temperature: float = 1.0, bias: float = 0.0
+) -> float:
+    """Mean negative log-likelihood of the labels under sigmoid(z / T + b)."""
     total = 0.0
     for z, y in zip(logits, labels, strict=True):
-        s = z / temperature if y else -z / temperature
+        s = z / temperature + bias
+        s = s if y else -s
         # -log(sigmoid(s)) computed stably
         total += math.log1p(math.exp(-s)) if s > 0 else -s + math.log1p(math.exp(s))
     return total / len(labels)
+
+
+def _golden_min(f: Callable[[float], float], lo: float, hi: float, steps: int = 80) -> float:
+    """The minimiser of a unimodal f on [lo, hi] by golden-section search."""
+    golden = (math.sqrt(5) - 1) / 2
+    a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
+    fa, fb = f(a), f(b)
+    for _ in range(steps):
+        if fa < fb:
+            hi, b, fb = b, a, fa
+            a = hi - golden * (hi - lo)
+            fa = f(a)
+        else:
+            lo, a, fa = a, b, fb
+            b = lo + golden * (hi - lo)
+            fb = f(b)
+    return (lo + hi) / 2
 
 
 def fit_temperature(logits: Sequence[float], labels: Sequence[bool]) -> float:
     """The temperature T > 0 minimising the NLL of sigmoid(z / T) (golden-section on log T)."""
     if not logits:
         raise ValueError("need at least one claim to fit a temperature")
-    lo, hi = math.log(0.01), math.log(100.0)
-    golden = (math.sqrt(5) - 1) / 2
-    a, b = hi - golden * (hi - lo), lo + golden * (hi - lo)
-    fa, fb = nll(logits, labels, math.exp(a)), nll(logits, labels, math.exp(b))
-    for _ in range(80):
-        if fa < fb:
-            hi, b, fb = b, a, fa
-            a = hi - golden * (hi - lo)
-            fa = nll(logits, labels, math.exp(a))
-        else:
-            lo, a, fa = a, b, fb
-            b = lo + golden * (hi - lo)
-            fb = nll(logits, labels, math.exp(b))
-    return math.exp((lo + hi) / 2)
+    return math.exp(
+        _golden_min(lambda t: nll(logits, labels, math.exp(t)), math.log(0.01), math.log(100.0))
+    )
+
+
+def _best_bias(logits: Sequence[float], labels: Sequence[bool], temperature: float) -> float:
+    """The bias b minimising the NLL of sigmoid(z / T + b) for a fixed T (Newton; convex)."""
+    scaled = [z / temperature for z in logits]
+    target = sum(labels)
+    b = 0.0
+    for _ in range(100):
+        probs = [sigmoid(s + b) for s in scaled]
+        grad = sum(probs) - target
+        curvature = sum(p * (1.0 - p) for p in probs)
+        step = grad / max(curvature, 1e-9)
+        b = min(max(b - max(min(step, 2.0), -2.0), -BIAS_LIMIT), BIAS_LIMIT)
+        if abs(step) < 1e-10:
+            break
+    return b
+
+
+def fit_temperature_bias(logits: Sequence[float], labels: Sequence[bool]) -> tuple[float, float]:
+    """T > 0 and b minimising the NLL of sigmoid(z / T + b) (Platt scaling of z, with its
+    slope kept positive so that calibration never reverses the ranking).
+
+    The NLL is jointly convex in (1/T, b); for each T the best b is found by Newton's
+    method, and T by golden-section search on log T over that profile.
+    """
+    if not logits:
+        raise ValueError("need at least one claim to fit a temperature")
+    log_t = _golden_min(
+        lambda t: nll(logits, labels, math.exp(t), _best_bias(logits, labels, math.exp(t))),
+        math.log(0.01),
+        math.log(100.0),
+    )
+    temperature = math.exp(log_t)
+    return temperature, _best_bias(logits, labels, temperature)
 
 
 def report(
-    logits: Sequence[float], labels: Sequence[bool], temperature: float = 1.0
+    logits: Sequence[float], labels: Sequence[bool], temperature: float = 1.0, bias: float = 0.0
 ) -> dict[str, float]:
-    probs = [sigmoid(z / temperature) for z in logits]
+    probs = [calibrated(z, temperature, bias) for z in logits]
     return {
         "n": len(labels),
         "accuracy": round(accuracy(probs, labels), 4),
         "ece": round(ece(probs, labels), 4),
         "brier": round(brier(probs, labels), 4),
         "auroc": round(auroc(logits, labels), 4),
-        "nll": round(nll(logits, labels, temperature), 4),
+        "nll": round(nll(logits, labels, temperature, bias), 4),
     }

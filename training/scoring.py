@@ -2,7 +2,8 @@
 
 A claim's score is the logit difference `z = logit(TRUE) - logit(FALSE)` at the last
 prompt position, from one forward pass with left padding and `logits_to_keep=1`;
-`sigmoid(z / T)` is the probability that the claim is true after temperature `T`.
+`sigmoid(z / T + b)` is the probability that the claim is true after calibration with
+temperature `T` and bias `b` (`training.calibrate`).
 """
 
 from __future__ import annotations

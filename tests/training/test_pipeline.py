@@ -113,6 +113,7 @@ def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
     )
     cal = json.loads((adapter_dir / "calibration.json").read_text())
     assert cal["temperature"] > 0 and cal["after"]["nll"] <= cal["before"]["nll"] + 1e-9
+    assert cal["method"] == "temperature_scaling_with_bias" and "bias" in cal
 
     out = tmp_path / "metrics.json"
     evaluate.main(
@@ -134,7 +135,15 @@ def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
     n_test = len(data.read_jsonl(data_dir / "test.jsonl"))
     assert set(scores) == {"untrained", "lora"} and len(scores["lora"]["test"]) == n_test
     assert scores["lora"]["temperature"] == pytest.approx(cal["temperature"])
-    paired = compare.compare_split(scores["untrained"]["test"], scores["lora"]["test"], 50, 1)
+    assert scores["lora"]["bias"] == pytest.approx(cal["bias"])
+    paired = compare.compare_split(
+        scores["untrained"]["test"],
+        scores["lora"]["test"],
+        50,
+        1,
+        (scores["untrained"]["temperature"], scores["untrained"]["bias"]),
+        (scores["lora"]["temperature"], scores["lora"]["bias"]),
+    )
     assert paired["accuracy_a"] == result["untrained"]["test"]["calibrated"]["accuracy"]
     assert paired["accuracy_b"] == result["lora"]["test"]["calibrated"]["accuracy"]
     for model in ("untrained", "lora"):
@@ -164,6 +173,7 @@ def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
     probs = asyncio.run(serve())
     assert len(probs) == 2 and all(0 < p < 1 for p in probs)
     assert backend.temperature == pytest.approx(cal["temperature"])
+    assert backend.bias == pytest.approx(cal["bias"])
 
 
 def test_config_checks_give_actionable_messages(tmp_path: Path) -> None:
@@ -182,6 +192,38 @@ def test_metrics_on_known_values() -> None:
     logits = [4.0, -4.0, 4.0, -4.0, 4.0, -4.0]
     t = metrics.fit_temperature(logits, [True, False, False, False, True, True])
     assert t > 1
+
+
+def test_temperature_and_bias_are_recovered_and_fix_an_offset() -> None:
+    rng = random.Random(3)
+    # claims whose true P(TRUE) is sigmoid(z / 2 - 1): the raw scores are over-confident
+    # and say TRUE too often
+    logits = [rng.uniform(-6, 6) for _ in range(20000)]
+    labels = [rng.random() < metrics.sigmoid(z / 2 - 1) for z in logits]
+    t, b = metrics.fit_temperature_bias(logits, labels)
+    assert t == pytest.approx(2.0, rel=0.08) and b == pytest.approx(-1.0, abs=0.08)
+    # a temperature alone cannot move where the verdict flips; the bias can
+    t_only = metrics.fit_temperature(logits, labels)
+    ece = {
+        "raw": metrics.report(logits, labels)["ece"],
+        "t": metrics.report(logits, labels, t_only)["ece"],
+        "t+b": metrics.report(logits, labels, t, b)["ece"],
+    }
+    assert ece["t+b"] < 0.02 < ece["t"] < ece["raw"]
+    fitted = metrics.nll(logits, labels, t, b)
+    assert fitted < metrics.nll(logits, labels, t_only) < metrics.nll(logits, labels)
+    # the slope stays positive: anti-correlated scores get a huge T, never a reversed ranking
+    t_rev, _ = metrics.fit_temperature_bias([-z for z in logits], labels)
+    assert t_rev > 10
+
+
+def test_calibrate_methods() -> None:
+    logits, labels = [3.0, 2.0, 1.0, -1.0, 0.5, 2.5], [True, False, True, False, False, True]
+    assert calibrate.fit(logits, labels, "temperature")[1] == 0.0
+    t, b = calibrate.fit(logits, labels, "temperature+bias")
+    assert t > 0 and b != 0.0
+    with pytest.raises(ValueError, match="unknown calibration method"):
+        calibrate.fit(logits, labels, "isotonic")
 
 
 def test_balanced_batches_hold_equal_labels_and_parse_as_flags(tmp_path: Path) -> None:

@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import asyncio
+import json
+import math
 import time
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
@@ -59,7 +62,15 @@ def backend(settings: VerifierSettings) -> ModelVerifier:
 
 
 def test_calibration_is_loaded(backend: ModelVerifier) -> None:
-    assert backend.temperature > 0 and backend.temperature != 1.0
+    committed = json.loads(
+        (Path(EMBEDDED_ADAPTERS["smollm2-135m-instruct"]) / "calibration.json").read_text()
+    )
+    assert backend.temperature == committed["temperature"] and backend.temperature != 1.0
+    assert backend.bias == committed.get("bias", 0.0)
+    z = backend.logit_diffs(["x"])[0]
+    assert backend._calibrated([z]) == [
+        pytest.approx(1 / (1 + math.exp(-(z / backend.temperature + backend.bias))))
+    ]
 
 
 def test_same_input_same_output(backend: ModelVerifier) -> None:

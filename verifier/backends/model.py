@@ -2,10 +2,11 @@
 
 One forward pass per batch (eval mode, `torch.inference_mode`, left padding, only the
 last position's logits): z = logit(TRUE) - logit(FALSE) at the end of the prompt, and
-the calibrated probability that the claim is true is sigmoid(z / T), with T from the
-adapter's `calibration.json`. The adapter directory is the hand-off from `training/`:
-`adapter_config.json`, `adapter_model.safetensors`, `prompt.json` (the prompt format and
-answer token ids) and `calibration.json`.
+the calibrated probability that the claim is true is sigmoid(z / T + b), with the
+temperature T and bias b from the adapter's `calibration.json` (b = 0 when it has none).
+The adapter directory is the hand-off from `training/`: `adapter_config.json`,
+`adapter_model.safetensors`, `prompt.json` (the prompt format and answer token ids) and
+`calibration.json`.
 
 Embedded default: SmolLM2-135M-Instruct (dequantized once by the catalog) with the
 committed adapter under `verifier/adapters/`. Production: TinyLlama-1.1B on a GPU with an
@@ -63,6 +64,7 @@ class ModelVerifier:
         self.model = settings.base_model
         self.adapter_dir = settings.adapter_dir or EMBEDDED_ADAPTERS.get(settings.base_model)
         self.temperature = 1.0
+        self.bias = 0.0
         self._lm: Any = None
         self._tokenizer: Any = None
         self._fmt: dict[str, Any] = {}
@@ -122,7 +124,9 @@ class ModelVerifier:
             )
         calibration = adapter / "calibration.json"
         if calibration.exists():
-            self.temperature = float(json.loads(calibration.read_text())["temperature"])
+            fitted = json.loads(calibration.read_text())
+            self.temperature = float(fitted["temperature"])
+            self.bias = float(fitted.get("bias", 0.0))  # files without one: temperature only
         else:
             log.warning("adapter has no calibration.json; confidences are uncalibrated")
         self._lm, self._tokenizer, self._fmt, self._ids = lm, tokenizer, fmt, (true_id, false_id)
@@ -135,6 +139,7 @@ class ModelVerifier:
             adapter=str(adapter),
             device=str(device),
             temperature=self.temperature,
+            bias=self.bias,
         )
 
     async def load(self) -> None:
@@ -171,9 +176,12 @@ class ModelVerifier:
             true_id, false_id = self._ids
             return [float(z) for z in (last[:, true_id] - last[:, false_id]).cpu().tolist()]
 
+    def _calibrated(self, diffs: list[float]) -> list[float]:
+        """P(TRUE) = sigmoid(z / T + b) with the adapter's calibration."""
+        return [sigmoid(z / self.temperature + self.bias) for z in diffs]
+
     def _score_sync(self, claims: list[Claim]) -> list[float]:
-        diffs = self.logit_diffs(self._encode(claims))
-        return [sigmoid(z / self.temperature) for z in diffs]
+        return self._calibrated(self.logit_diffs(self._encode(claims)))
 
     async def score(self, claims: list[Claim]) -> list[float]:
         if self._lm is None:
@@ -181,7 +189,7 @@ class ModelVerifier:
         prompts = self._encode(claims)  # a too-long claim fails before any work is queued
         async with self._lock:
             diffs = await asyncio.to_thread(self.logit_diffs, prompts)
-        return [sigmoid(z / self.temperature) for z in diffs]
+        return self._calibrated(diffs)
 
     async def close(self) -> None:
         self._lm = None
