@@ -130,9 +130,9 @@ class ReasonService:
                 return response
 
         timings = {"plan": 0.0, "execute": 0.0, "verify": 0.0}
-        best: Attempt | None = None
-        best_plans: list[Attempt] = []
-        agreeing = 0
+        # the most trusted round so far: when every round is rejected, the answer served is
+        # the one the verifier trusted most, not whatever the last replan produced
+        chosen: tuple[Attempt, list[Attempt], int] | None = None
         feedback: str | None = None
         rounds = 0
         for round_no in range(self.max_replans + 1):
@@ -149,7 +149,7 @@ class ReasonService:
             try:
                 plans = await self._plan(request, deadline, feedback)
             except (DependencyUnavailable, DeadlineExceeded, PlanningFailed):
-                if best is not None:  # keep the answer we have; the replan just failed
+                if chosen is not None:  # keep the answer we have; the replan just failed
                     break
                 raise
             finally:
@@ -161,11 +161,13 @@ class ReasonService:
             attempts = await self._verify_all(request, executions, deadline)
             timings["verify"] += (loop.time() - t0) * 1000
             best, agreeing = vote(attempts)
-            best_plans = attempts
+            if chosen is None or trust(best) > trust(chosen[0]):
+                chosen = (best, attempts, agreeing)
             if best.verdict != "rejected" and best.answer is not None:
                 break
             feedback = describe_failure(best)
-        assert best is not None
+        assert chosen is not None
+        best, best_plans, agreeing = chosen
         total_ms = (loop.time() - started) * 1000
         for stage, ms in timings.items():
             STAGE_LATENCY.labels(stage).observe(ms / 1000)
@@ -333,6 +335,11 @@ def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
     winner = max(weights, key=lambda k: (weights[k], counts[k]))
     members = [a for a in attempts if answer_key(a.answer) == winner]
     return max(members, key=lambda a: a.confidence), counts[winner]
+
+
+def trust(attempt: Attempt) -> tuple[bool, bool, float]:
+    """Orders rounds: an answer beats none, then not rejected beats rejected, then confidence."""
+    return (attempt.answer is not None, attempt.verdict != "rejected", attempt.confidence)
 
 
 def describe_failure(attempt: Attempt) -> str:

@@ -130,6 +130,18 @@ def test_replanning_stops_after_the_configured_rounds(tmp_path) -> None:
         assert len(planner.requests) == 3 and body["agreement"]["rounds"] == 3
 
 
+def test_when_every_round_is_rejected_the_most_trusted_answer_is_served(tmp_path) -> None:
+    rounds = [[plan(("s1", "calc", e, []))] for e in ("2+3", "2+4", "2+5")]
+    planner = FakePlanner({"q": rounds})
+    verifier = FakeVerifier(by_answer={"5": 0.45, "6": 0.2, "7": 0.3})
+    with orchestrator_stack(tmp_path, planner, verifier, max_replans=2) as url:
+        body = ask(url, "q", use_cache=False)[0].json()
+        assert len(planner.requests) == 3 and body["agreement"]["rounds"] == 3
+        assert body["answer"] == "5" and body["verdict"] == "rejected"
+        assert body["confidence"] == pytest.approx(0.45)
+        assert [s["input"] for s in body["steps"]] == ["2+3"]
+
+
 def test_self_consistency_votes_by_verifier_confidence(tmp_path) -> None:
     plans = [plan(("s1", "calc", e, [])) for e in ("2*2", "8/2", "2+3", "1+3")]
     planner = FakePlanner({"q": [plans]})

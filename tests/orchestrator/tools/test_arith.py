@@ -158,10 +158,12 @@ def test_errors_are_clear(expr: str, message: str) -> None:
     ],
 )
 def test_bounds_are_refused_fast(expr: str) -> None:
-    start = time.perf_counter()
+    # CPU time of this process, so that a busy machine does not fail the test; computing
+    # any of these for real would take far longer than the bound
+    start = time.process_time()
     with pytest.raises(ArithLimitError):
         evaluate(expr)
-    assert time.perf_counter() - start < 0.05
+    assert time.process_time() - start < 0.25
 
 
 def test_large_but_bounded_results_are_exact() -> None:
