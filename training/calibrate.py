@@ -1,4 +1,5 @@
-"""Fit temperature scaling on the held-out validation split and write calibration.json.
+"""Fit the calibration (temperature, and by default a bias) on the held-out validation split
+and write calibration.json.
 
 The adapter's raw score is the logit difference z = logit(TRUE) - logit(FALSE); serving
 reports sigmoid(z / T + b) and the verdict it implies (TRUE from 0.5). T and b are chosen
@@ -31,7 +32,17 @@ METHODS = {
 
 
 def fit(logits: list[float], labels: list[bool], method: str) -> tuple[float, float]:
-    """(T, b) by `method`, a key of METHODS."""
+    """(T, b) by `method`, a key of METHODS.
+
+    Refuses a split whose claims are all TRUE or all FALSE: it says nothing about how
+    confidence relates to truth, and a bias fitted to it would turn every verdict one way.
+    """
+    n_true = sum(labels)
+    if n_true in (0, len(labels)):
+        raise ValueError(
+            f"cannot calibrate on {len(labels)} claims that are all "
+            f"{'TRUE' if n_true else 'FALSE'}; use a split with both labels (a larger --limit)"
+        )
     if method == "temperature":
         return fit_temperature(logits, labels), 0.0
     if method == "temperature+bias":

@@ -29,8 +29,10 @@ def read_calibration(path: Path) -> tuple[float, float, str]:
     """(T, b, method) from a calibration.json; files without a bias are temperature-only."""
     cal = json.loads(path.read_text())
     names = {v: k for k, v in METHODS.items()}
-    method = names.get(str(cal.get("method")), "temperature")
-    return float(cal["temperature"]), float(cal.get("bias", 0.0)), method
+    stored = cal.get("method", METHODS["temperature"])
+    if stored not in names:
+        raise ValueError(f"{path}: unknown calibration method {stored!r}")
+    return float(cal["temperature"]), float(cal.get("bias", 0.0)), names[stored]
 
 
 def _by_kind(

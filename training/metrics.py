@@ -12,7 +12,7 @@ import math
 from collections.abc import Callable, Sequence
 
 ECE_BINS = 15
-BIAS_LIMIT = 20.0  # |b| beyond this moves every verdict one way
+BIAS_LIMIT = 20.0  # bounds the bias search; a fit that reaches it is degenerate
 
 
 def sigmoid(z: float) -> float:

@@ -142,6 +142,28 @@ def test_when_every_round_is_rejected_the_most_trusted_answer_is_served(tmp_path
         assert [s["input"] for s in body["steps"]] == ["2+3"]
 
 
+def test_an_accepted_replan_is_served_over_the_rejected_round(tmp_path) -> None:
+    rounds = [[plan(("s1", "calc", "2+3", []))], [plan(("s1", "calc", "2+4", []))]]
+    planner = FakePlanner({"q": rounds})
+    verifier = FakeVerifier(by_answer={"5": 0.49, "6": 0.7})
+    with orchestrator_stack(tmp_path, planner, verifier, max_replans=2) as url:
+        body = ask(url, "q", use_cache=False)[0].json()
+        assert body["answer"] == "6" and body["verdict"] == "verified"
+        assert body["agreement"]["rounds"] == 2
+
+
+def test_the_served_rounds_vote_is_the_one_reported(tmp_path) -> None:
+    first = [plan(("s1", "calc", e, [])) for e in ("2+3", "1+4", "9-4")]  # three say 5
+    second = [plan(("s1", "calc", e, [])) for e in ("3+4", "2+2", "1+1")]  # all differ
+    planner = FakePlanner({"q": [first, second]})
+    verifier = FakeVerifier(by_answer={"5": 0.4, "7": 0.3, "4": 0.2, "2": 0.1})
+    with orchestrator_stack(tmp_path, planner, verifier, max_replans=1) as url:
+        body = ask(url, "q", n_plans=3, use_cache=False)[0].json()
+        # both rounds rejected; round 1's winner (0.4) is trusted more than round 2's (0.3)
+        assert body["answer"] == "5" and body["verdict"] == "rejected"
+        assert body["agreement"] == {"plans": 3, "agreeing": 3, "rounds": 2}
+
+
 def test_self_consistency_votes_by_verifier_confidence(tmp_path) -> None:
     plans = [plan(("s1", "calc", e, [])) for e in ("2*2", "8/2", "2+3", "1+3")]
     planner = FakePlanner({"q": [plans]})

@@ -175,6 +175,14 @@ def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
     assert backend.temperature == pytest.approx(cal["temperature"])
     assert backend.bias == pytest.approx(cal["bias"])
 
+    # a calibration.json written before biases existed is served as temperature only
+    (adapter_dir / "calibration.json").write_text(json.dumps({"temperature": 2.0}))
+    legacy = ModelVerifier(
+        VerifierSettings(backend="model", base_model=str(model_dir), adapter_dir=adapter_dir)
+    )
+    asyncio.run(legacy.load())
+    assert (legacy.temperature, legacy.bias) == (2.0, 0.0)
+
 
 def test_config_checks_give_actionable_messages(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"config\.json"):
@@ -218,12 +226,30 @@ def test_temperature_and_bias_are_recovered_and_fix_an_offset() -> None:
 
 
 def test_calibrate_methods() -> None:
-    logits, labels = [3.0, 2.0, 1.0, -1.0, 0.5, 2.5], [True, False, True, False, False, True]
-    assert calibrate.fit(logits, labels, "temperature")[1] == 0.0
+    logits = [3.0, 2.0, 1.0, -1.0, 0.5, 2.5, -2.0, 1.5]
+    labels = [True, False, True, False, False, True, False, False]
+    t_only, b_zero = calibrate.fit(logits, labels, "temperature")
+    assert b_zero == 0.0
     t, b = calibrate.fit(logits, labels, "temperature+bias")
-    assert t > 0 and b != 0.0
+    # the joint fit is at least as good as the temperature alone, and at its optimum in b
+    assert metrics.nll(logits, labels, t, b) <= metrics.nll(logits, labels, t_only) + 1e-12
+    grad_b = sum(metrics.calibrated(z, t, b) - y for z, y in zip(logits, labels, strict=True))
+    assert abs(grad_b) < 1e-6 and b < 0  # 3 of 8 TRUE while most scores are positive
     with pytest.raises(ValueError, match="unknown calibration method"):
         calibrate.fit(logits, labels, "isotonic")
+    with pytest.raises(ValueError, match="all TRUE"):
+        calibrate.fit([1.0, 2.0], [True, True], "temperature+bias")
+
+
+def test_calibration_files_without_a_bias_are_temperature_only(tmp_path: Path) -> None:
+    legacy = tmp_path / "calibration.json"
+    legacy.write_text(json.dumps({"method": "temperature_scaling", "temperature": 0.9}))
+    assert evaluate.read_calibration(legacy) == (0.9, 0.0, "temperature")
+    legacy.write_text(json.dumps({"temperature": 1.5}))
+    assert evaluate.read_calibration(legacy) == (1.5, 0.0, "temperature")
+    legacy.write_text(json.dumps({"method": "isotonic", "temperature": 1.0}))
+    with pytest.raises(ValueError, match="unknown calibration method"):
+        evaluate.read_calibration(legacy)
 
 
 def test_balanced_batches_hold_equal_labels_and_parse_as_flags(tmp_path: Path) -> None:
