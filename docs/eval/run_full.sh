@@ -7,12 +7,16 @@
 # The 2 cores are split: the planner's llama.cpp runs on one thread, and the `direct`
 # baseline (its own copy of the model, one thread) runs beside the pipeline modes.
 # Pipeline items are taken in batches of BATCH, alternating datasets and modes, so every
-# mode covers the same items whenever the run is stopped. Rerunning resumes: finished
+# mode covers the same items whenever the run is stopped. With the baseline finished, the
+# second core can run a second copy of the services for the other dataset:
+#   EVAL_DATASETS=gsm8k docs/eval/run_full.sh 200 10 &
+#   EVAL_DATASETS=svamp EVAL_PORT_BASE=18100 docs/eval/run_full.sh 200 10 &
+# (each copy's planner on one thread, as before). Rerunning resumes: finished
 # items are skipped, and pipeline items that failed (a deadline on a busy machine) run
 # again (--retry-errors; the report counts each item's last line). Results go to
 # docs/eval/results/ (committed, so a later run on a fresh clone resumes them), logs to
 # var/eval/logs/.
-#   docs/eval/run_full.sh [N_PER_DATASET] [BATCH]        e.g. docs/eval/run_full.sh 200 10
+#   [EVAL_DATASETS="gsm8k svamp"] [EVAL_PORT_BASE=18000] docs/eval/run_full.sh [N_PER_DATASET] [BATCH]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
@@ -20,20 +24,27 @@ n="${1:-200}"
 batch="${2:-10}"
 py="${PYTHON:-$repo/.venv/bin/python}"
 out="${EVAL_OUT:-docs/eval/results}"
+port="${EVAL_PORT_BASE:-18000}"
 logs="${EVAL_LOGS:-var/eval/logs}"
+if [ "$port" != 18000 ]; then logs="${EVAL_LOGS:-var/eval/logs-$port}"; fi
 mkdir -p "$out" "$logs"
 export PLANNER_BACKEND=llamacpp PLANNER_MODEL=qwen2.5-coder-0.5b-instruct
 export VERIFIER_BACKEND="${VERIFIER_BACKEND:-model}"
-export PLANNER_PORT=18001 VERIFIER_PORT=18002 ORCH_PORT=18000
+export ORCH_PORT="$port" PLANNER_PORT=$((port + 1)) VERIFIER_PORT=$((port + 2))
 export PLANNER_N_THREADS=1
 "$py" -m cli models pull "$PLANNER_MODEL"
 "$py" -m cli models pull smollm2-135m-instruct
-gsm8k=../shared/datasets/gsm8k/test.norm.jsonl
-svamp=../shared/datasets/svamp/svamp.norm.jsonl
+declare -A files=([gsm8k]=../shared/datasets/gsm8k/test.norm.jsonl
+  [svamp]=../shared/datasets/svamp/svamp.norm.jsonl)
+datasets=()
+for name in ${EVAL_DATASETS:-gsm8k svamp}; do
+  [ -n "${files[$name]:-}" ] || { echo "unknown dataset $name (gsm8k, svamp)" >&2; exit 2; }
+  datasets+=("${files[$name]}")
+done
 
 # The baseline: one process per dataset, one after the other, on its own core.
 (
-  for data in "$gsm8k" "$svamp"; do
+  for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
     "$py" scripts/eval.py run --data "$data" --mode direct --out "$out/$name-direct.jsonl" \
       --limit "$n" --no-progress
@@ -44,15 +55,16 @@ direct_pid=$!
 "$py" -m cli serve --log-dir "$logs" >"$logs/serve.out" 2>&1 &
 serve_pid=$!
 trap 'kill "$serve_pid" "$direct_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true' EXIT
-until curl -sf http://127.0.0.1:18000/readyz >/dev/null && curl -sf http://127.0.0.1:18001/readyz >/dev/null \
-    && curl -sf http://127.0.0.1:18002/readyz >/dev/null; do
+until curl -sf "http://127.0.0.1:$ORCH_PORT/readyz" >/dev/null \
+    && curl -sf "http://127.0.0.1:$PLANNER_PORT/readyz" >/dev/null \
+    && curl -sf "http://127.0.0.1:$VERIFIER_PORT/readyz" >/dev/null; do
   kill -0 "$serve_pid" || { echo "services exited; see $logs/serve.out" >&2; exit 1; }
   sleep 2
 done
-pipeline=(--url http://127.0.0.1:18000 --planner-url http://127.0.0.1:18001 --deadline-s 120
+pipeline=(--url "http://127.0.0.1:$ORCH_PORT" --planner-url "http://127.0.0.1:$PLANNER_PORT" --deadline-s 120
   --retry-errors --concurrency 1 --no-progress)
 for ((done_n = batch; done_n <= n; done_n += batch)); do
-  for data in "$gsm8k" "$svamp"; do
+  for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
     for mode in plan plan+verify plan+verify+sc5; do
       "$py" scripts/eval.py run --data "$data" --mode "$mode" --out "$out/$name-$mode.jsonl" \
