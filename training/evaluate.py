@@ -62,9 +62,9 @@ def evaluate(
     """Metrics per model and split; per-claim logits go into `scores_out` when given."""
     set_threads(threads)
     tokenizer = load_tokenizer(base_model)
-    adapter_cal = Path(adapter or "", "calibration.json")
-    # the untrained model is calibrated the way the adapter was
-    method = read_calibration(adapter_cal)[2] if adapter and adapter_cal.exists() else None
+    adapter_cal = Path(adapter, "calibration.json") if adapter else None
+    # the adapter's own fit, read once; the untrained model is fitted by the same method
+    stored = read_calibration(adapter_cal) if adapter_cal and adapter_cal.exists() else None
     data = {s: read_jsonl(Path(data_dir) / f"{s}.jsonl")[:limit] for s in ["val", *splits]}
     results: dict[str, Any] = {}
     models = ([("untrained", None)] if untrained or not adapter else []) + (
@@ -74,17 +74,17 @@ def evaluate(
         model = load_model(base_model, adapter_dir)
         fmt = prompt_format(adapter)  # the same prompt for both models
         started = time.perf_counter()
-        calibration = Path(adapter_dir or "", "calibration.json")
-        fitted = bool(adapter_dir) and calibration.exists()
+        fitted = adapter_dir is not None and stored is not None
         # the validation split is scored only when a temperature must be fitted here
         needed = [s for s in data if s != "val" or not fitted]
         scored = {s: score_rows(model, tokenizer, data[s], fmt, progress=True) for s in needed}
         seconds = time.perf_counter() - started
-        if fitted:
-            temperature, bias, _ = read_calibration(calibration)
+        if fitted and stored is not None:
+            temperature, bias, _ = stored
         else:
             val_labels = [bool(r["label"]) for r in data["val"]]
-            temperature, bias = fit(scored["val"], val_labels, method or "temperature+bias")
+            method = stored[2] if stored else "temperature+bias"
+            temperature, bias = fit(scored["val"], val_labels, method)
         entry: dict[str, Any] = {"temperature": round(temperature, 6), "bias": round(bias, 6)}
         for split in splits:
             labels = [bool(r["label"]) for r in data[split]]
