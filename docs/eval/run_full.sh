@@ -11,17 +11,25 @@
 # second core can run a second copy of the services for the other dataset:
 #   EVAL_DATASETS=gsm8k docs/eval/run_full.sh 200 10 &
 #   EVAL_DATASETS=svamp EVAL_PORT_BASE=18100 docs/eval/run_full.sh 200 10 &
-# (each copy's planner on one thread, as before). Rerunning resumes: finished
-# items are skipped, and pipeline items that failed (a deadline on a busy machine) run
+# (each copy's planner on one thread, as before). EVAL_START=K starts the pipeline modes at
+# item K, so that both cores can share one dataset's items with separate outputs:
+#   EVAL_DATASETS=gsm8k docs/eval/run_full.sh 130 10 &
+#   EVAL_DATASETS=gsm8k EVAL_START=130 EVAL_PORT_BASE=18100 EVAL_OUT=var/eval/part2 \
+#     docs/eval/run_full.sh 200 10 &
+# and `cat var/eval/part2/gsm8k-*.jsonl` onto the committed files afterwards (a run with
+# EVAL_START leaves the baseline to the run from 0). Rerunning resumes: finished items are
+# skipped, and pipeline items that failed (a deadline on a busy machine) run
 # again (--retry-errors; the report counts each item's last line). Results go to
 # docs/eval/results/ (committed, so a later run on a fresh clone resumes them), logs to
 # var/eval/logs/.
-#   [EVAL_DATASETS="gsm8k svamp"] [EVAL_PORT_BASE=18000] docs/eval/run_full.sh [N_PER_DATASET] [BATCH]
+#   [EVAL_DATASETS="gsm8k svamp"] [EVAL_PORT_BASE=18000] [EVAL_START=0] [EVAL_OUT=DIR]
+#   docs/eval/run_full.sh [N_PER_DATASET] [BATCH]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
 n="${1:-200}"
 batch="${2:-10}"
+start="${EVAL_START:-0}"
 py="${PYTHON:-$repo/.venv/bin/python}"
 out="${EVAL_OUT:-docs/eval/results}"
 port="${EVAL_PORT_BASE:-18000}"
@@ -44,6 +52,7 @@ done
 
 # The baseline: one process per dataset, one after the other, on its own core.
 (
+  [ "$start" = 0 ] || exit 0
   for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
     "$py" scripts/eval.py run --data "$data" --mode direct --out "$out/$name-direct.jsonl" \
@@ -63,12 +72,12 @@ until curl -sf "http://127.0.0.1:$ORCH_PORT/readyz" >/dev/null \
 done
 pipeline=(--url "http://127.0.0.1:$ORCH_PORT" --planner-url "http://127.0.0.1:$PLANNER_PORT" --deadline-s 120
   --retry-errors --concurrency 1 --no-progress)
-for ((done_n = batch; done_n <= n; done_n += batch)); do
+for ((done_n = start + batch; done_n <= n; done_n += batch)); do
   for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
     for mode in plan plan+verify plan+verify+sc5; do
       "$py" scripts/eval.py run --data "$data" --mode "$mode" --out "$out/$name-$mode.jsonl" \
-        --limit "$done_n" "${pipeline[@]}"
+        --offset "$start" --limit $((done_n - start)) "${pipeline[@]}"
     done
   done
 done
