@@ -56,6 +56,11 @@ class PlannerSettings(CommonSettings):
     # uses) masks logits per step from a precompiled automaton; `gbnf` is llama.cpp's own
     # grammar sampler, which checks the whole vocabulary at every token (slower).
     grammar_engine: Literal["xgrammar", "gbnf"] = "xgrammar"
+    # llama.cpp only: ggml's extra weight buffers (AMX tiles, CPU repacking). `auto` turns
+    # them off on CPUs with AMX, where ggml's AMX matmul segfaults on the first decode
+    # (ggml-org/llama.cpp#20824, seen with llama-cpp-python 0.3.36 on a Sapphire Rapids
+    # Xeon); `on` and `off` force it.
+    extra_buffers: Literal["auto", "on", "off"] = "auto"
     # vLLM (production: AWQ Phi-3.5-mini on one GPU)
     quantization: str | None = "awq"
     dtype: str = "auto"

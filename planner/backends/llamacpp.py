@@ -75,6 +75,70 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
+CPUINFO = Path("/proc/cpuinfo")
+
+
+def cpu_has_amx(cpuinfo: Path = CPUINFO) -> bool:
+    """Whether the CPU advertises AMX (the `amx_int8` or `amx_bf16` flag); False if unknown."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return False
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            flags = set(line.partition(":")[2].split())
+            return bool(flags & {"amx_int8", "amx_bf16"})
+    return False
+
+
+def use_extra_buffers(setting: str, cpuinfo: Path = CPUINFO) -> bool:
+    """Resolve `PLANNER_EXTRA_BUFFERS`: `auto` is on unless the CPU has AMX.
+
+    With extra buffers on, ggml repacks the weights for the CPU's best kernels; on an AMX
+    CPU that means its AMX matmul, which crashes the process on the first decode
+    (ggml-org/llama.cpp#20824). Off, every CPU runs the plain ggml kernels.
+    """
+    if setting == "auto":
+        return not cpu_has_amx(cpuinfo)
+    return setting == "on"
+
+
+_MODEL_PARAMS_LOCK = threading.Lock()
+
+
+def open_llama(model_path: Path | str, *, extra_buffers: bool, **kwargs: Any) -> Any:
+    """`llama_cpp.Llama(model_path, **kwargs)` with ggml's extra buffer types on or off.
+
+    llama-cpp-python builds its model parameters from `llama_model_default_params()` inside
+    `Llama.__init__` and has no argument for `use_extra_bufts`, so with extra buffers off
+    that function is wrapped for the duration of the load (under a lock; loads are rare).
+    The loaded model's parameters are checked, so a library that stops reading them fails
+    here instead of crashing on the first decode.
+    """
+    from llama_cpp import Llama
+    from llama_cpp import llama_cpp as lib
+
+    if extra_buffers:
+        return Llama(model_path=str(model_path), **kwargs)
+    with _MODEL_PARAMS_LOCK:
+        default_params = lib.llama_model_default_params
+
+        def params() -> Any:
+            value = default_params()
+            value.use_extra_bufts = False
+            return value
+
+        lib.llama_model_default_params = params
+        try:
+            llm = Llama(model_path=str(model_path), **kwargs)
+        finally:
+            lib.llama_model_default_params = default_params
+    if llm.model_params.use_extra_bufts:
+        llm.close()
+        raise RuntimeError("llama-cpp-python ignored use_extra_bufts=False; cannot load safely")
+    return llm
+
+
 class LlamaCppBackend:
     name = "llamacpp"
 
@@ -120,19 +184,21 @@ class LlamaCppBackend:
             path=str(gguf),
             n_ctx=self.settings.n_ctx,
             grammar_engine=self.grammar_engine,
+            extra_buffers=use_extra_buffers(self.settings.extra_buffers),
             seconds=round(self.load_seconds, 2),
         )
 
     def _load(self, gguf: Path) -> Any:
         try:
-            from llama_cpp import Llama
+            import llama_cpp  # noqa: F401
         except ImportError as exc:
             raise RuntimeError(
                 f"the llamacpp backend needs llama-cpp-python: pip install -e '.[llamacpp]' ({exc})"
             ) from None
         threads = self.settings.n_threads or default_threads()
-        return Llama(
-            model_path=str(gguf),
+        return open_llama(
+            gguf,
+            extra_buffers=use_extra_buffers(self.settings.extra_buffers),
             n_ctx=self.settings.n_ctx,
             n_threads=threads,
             n_threads_batch=threads,

@@ -214,3 +214,22 @@ def test_a_cancelled_generation_frees_the_model_at_once(engine: str) -> None:
 
     # 400 numbers take minutes here; the next request must not wait for them.
     assert asyncio.run(scenario()) < 10
+
+
+def test_extra_buffers_off_loads_and_decodes_on_this_cpu() -> None:
+    """With extra buffers off the model reports them off and decodes. On an AMX CPU the
+    default (on) crashes the process in ggml's AMX matmul on the first decode, which is
+    what `PLANNER_EXTRA_BUFFERS=auto` avoids."""
+    from planner.backends.llamacpp import open_llama
+
+    path = catalog.pull("smollm2-135m-instruct")
+    llm = open_llama(path, extra_buffers=False, n_ctx=256, n_threads=1, verbose=False, seed=0)
+    try:
+        assert llm.model_params.use_extra_bufts is False
+        out = llm("The capital of France is", max_tokens=4, temperature=0)
+        assert out["usage"]["completion_tokens"] >= 1
+    finally:
+        llm.close()
+    from llama_cpp import llama_cpp as lib
+
+    assert lib.llama_model_default_params().use_extra_bufts is True  # the wrapper is gone

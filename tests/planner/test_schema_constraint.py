@@ -33,10 +33,12 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[Any]:
-    from llama_cpp import Llama
+    from planner.backends.llamacpp import open_llama, use_extra_buffers
 
     path = catalog.pull("smollm2-135m-instruct")
-    model = Llama(model_path=str(path), n_ctx=256, n_threads=1, verbose=False)
+    model = open_llama(
+        path, extra_buffers=use_extra_buffers("auto"), n_ctx=256, n_threads=1, verbose=False
+    )
     yield model
     model.close()
 

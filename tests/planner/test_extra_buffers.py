@@ -1,0 +1,62 @@
+"""`PLANNER_EXTRA_BUFFERS`: ggml's extra weight buffers are off on AMX CPUs by default."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from planner.backends.llamacpp import cpu_has_amx, use_extra_buffers
+from services.settings import PlannerSettings
+
+SAPPHIRE_RAPIDS = """processor\t: 0
+vendor_id\t: GenuineIntel
+flags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_bf16 avx512_fp16 amx_tile amx_int8
+"""
+EPYC = """processor\t: 0
+vendor_id\t: AuthenticAMD
+flags\t\t: fpu sse2 avx2 avx512f avx512_vnni avx512_bf16
+"""
+
+
+@pytest.fixture
+def cpuinfo(tmp_path: Path):
+    def write(text: str) -> Path:
+        path = tmp_path / "cpuinfo"
+        path.write_text(text)
+        return path
+
+    return write
+
+
+def test_amx_is_read_from_the_flags_line(cpuinfo) -> None:
+    assert cpu_has_amx(cpuinfo(SAPPHIRE_RAPIDS)) is True
+    assert cpu_has_amx(cpuinfo(EPYC)) is False
+    # "amx" in another line (a model name, say) is not a flag
+    assert cpu_has_amx(cpuinfo("model name\t: amx_int8 lookalike\nflags\t\t: avx2\n")) is False
+
+
+def test_unreadable_cpuinfo_counts_as_no_amx(tmp_path: Path) -> None:
+    assert cpu_has_amx(tmp_path / "missing") is False
+
+
+@pytest.mark.parametrize(
+    ("setting", "text", "expected"),
+    [
+        ("auto", SAPPHIRE_RAPIDS, False),
+        ("auto", EPYC, True),
+        ("on", SAPPHIRE_RAPIDS, True),
+        ("off", EPYC, False),
+    ],
+)
+def test_setting_resolves_against_the_cpu(cpuinfo, setting: str, text: str, expected: bool) -> None:
+    assert use_extra_buffers(setting, cpuinfo(text)) is expected
+
+
+def test_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    assert PlannerSettings().extra_buffers == "auto"
+    monkeypatch.setenv("PLANNER_EXTRA_BUFFERS", "off")
+    assert PlannerSettings().extra_buffers == "off"
+    monkeypatch.setenv("PLANNER_EXTRA_BUFFERS", "sometimes")
+    with pytest.raises(ValueError, match="extra_buffers"):
+        PlannerSettings()
