@@ -154,6 +154,7 @@ class LlamaCppBackend:
         # Unconstrained decoding exists only to measure what the grammar costs.
         self.constrained = constrained
         self.grammar_engine = settings.grammar_engine
+        self.extra_buffers = use_extra_buffers(settings.extra_buffers)
         self._constraint: SchemaConstraint | None = None
         self._cache_dir = cache_dir
         self._llm: Any = None
@@ -184,7 +185,7 @@ class LlamaCppBackend:
             path=str(gguf),
             n_ctx=self.settings.n_ctx,
             grammar_engine=self.grammar_engine,
-            extra_buffers=use_extra_buffers(self.settings.extra_buffers),
+            extra_buffers=self.extra_buffers,
             seconds=round(self.load_seconds, 2),
         )
 
@@ -198,7 +199,7 @@ class LlamaCppBackend:
         threads = self.settings.n_threads or default_threads()
         return open_llama(
             gguf,
-            extra_buffers=use_extra_buffers(self.settings.extra_buffers),
+            extra_buffers=self.extra_buffers,
             n_ctx=self.settings.n_ctx,
             n_threads=threads,
             n_threads_batch=threads,

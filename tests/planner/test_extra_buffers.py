@@ -60,3 +60,25 @@ def test_setting_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -
     monkeypatch.setenv("PLANNER_EXTRA_BUFFERS", "sometimes")
     with pytest.raises(ValueError, match="extra_buffers"):
         PlannerSettings()
+
+
+def test_a_library_that_ignores_the_setting_fails_the_load(monkeypatch: pytest.MonkeyPatch) -> None:
+    """If llama-cpp-python stops building its parameters from the wrapped function, the
+    load fails with a clear error (and closes the model) instead of crashing on decode."""
+    llama_cpp = pytest.importorskip("llama_cpp")
+    from planner.backends.llamacpp import open_llama
+
+    closed: list[bool] = []
+
+    class IgnoresWrapper:
+        def __init__(self, model_path: str, **kwargs: object) -> None:
+            self.model_params = type("Params", (), {"use_extra_bufts": True})()
+
+        def close(self) -> None:
+            closed.append(True)
+
+    monkeypatch.setattr(llama_cpp, "Llama", IgnoresWrapper)
+    with pytest.raises(RuntimeError, match="use_extra_bufts"):
+        open_llama("model.gguf", extra_buffers=False)
+    assert closed == [True]
+    assert llama_cpp.llama_cpp.llama_model_default_params().use_extra_bufts is True
