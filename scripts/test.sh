@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine and run the whole test suite.
 # Needs PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 (.ci/run starts them).
+# As root and with no arguments, the security tests then run again as uid 65534
+# (scripts/test_unprivileged.sh); REASON_SKIP_UNPRIVILEGED=1 skips that second run.
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
@@ -8,4 +10,11 @@ venv="$(scripts/bootstrap.sh dev,llamacpp,model,training)"
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 "$venv/bin/python" -m cli models pull qwen2.5-coder-0.5b-instruct
 "$venv/bin/python" -m cli models pull smollm2-135m-instruct
-exec "$venv/bin/python" -m pytest "$@"
+status=0
+"$venv/bin/python" -m pytest "$@" || status=$?
+# CI runs as root; production runs the orchestrator unprivileged. With no arguments,
+# run the sandbox's and SQL tool's security tests again as an unprivileged user.
+if [ "$#" -eq 0 ] && [ "$(id -u)" = 0 ] && [ "${REASON_SKIP_UNPRIVILEGED:-0}" != 1 ]; then
+  scripts/test_unprivileged.sh || status=$?
+fi
+exit "$status"
