@@ -9,9 +9,27 @@ is involved at all.
 
 The check is an allowlist: only listed node types may appear, only listed modules may be
 imported, no identifier or attribute may start with an underscore, and a few builtins
-and attribute names that reach frames, code objects, globals or attribute lookup by
-string are refused. Identifiers are NFKC-normalized (the parser already does this; it is
-repeated so that the check never depends on it) before they are compared.
+and attribute names that reach frames, code objects, globals, attribute lookup by
+string or evaluation of strings are refused. Identifiers are NFKC-normalized (the parser
+already does this; it is repeated so that the check never depends on it) before they
+are compared.
+
+Two rules close paths by which allowed library code would do for the job what the job
+may not write itself:
+
+- `from X import Y` is checked like the attribute `X.Y` (and `Y` like a name): it binds
+  `X.Y` without any Attribute node in the tree, and at run time the interpreter falls
+  back from a missing attribute to `sys.modules["X.Y"]`, so `from collections import
+  abc` would hand out the real `collections.abc` module, past the worker's module copy.
+- Annotations are ordinary expressions, evaluated when the `def` runs and checked like
+  any other; string literals (str, bytes, f-strings) anywhere inside an annotation are
+  refused. A string annotation is a forward reference: something may `eval` it later
+  (`typing.get_type_hints`, which `functools.singledispatch(...).register(f)` calls,
+  evaluates `def f(x: "().__class__.__base__.__subclasses__()")` with dunder access).
+  Refusing literals is not enough on its own (`s = "..."; def f(x: s)` stores a string
+  too), so the evaluator itself is refused: `singledispatch`, `singledispatchmethod`
+  and `register` (see `REFLECTIVE_FUNCTIONS`). Nothing else the job can reach evaluates
+  annotations: `typing`, `inspect` and `dataclasses` cannot be imported.
 """
 
 from __future__ import annotations
@@ -73,29 +91,52 @@ BANNED_NAMES: frozenset[str] = frozenset(
         "copyright",
         "credits",
         "license",
-        "attrgetter",
-        "methodcaller",
-        "update_wrapper",
-        "wraps",
     }
 )
 
 # Functions of allowed modules that read or write attributes named by a string
-# (getattr/setattr in disguise). Refused as names and attributes, and left out of the
-# module copies that the worker hands to the code.
+# (getattr/setattr in disguise) or evaluate strings. Refused as names, as attributes
+# (`functools.singledispatch`, also under an alias of the module) and as from-imports,
+# and left out of the module copies that the worker hands to the code (the service
+# passes this set to the worker as the names to hide).
+#
+# - `attrgetter`, `methodcaller`: `getattr` by string.
+# - `update_wrapper`, `wraps`: `getattr`/`setattr` of the attribute names given in
+#   `assigned`/`updated` (`assigned=("__globals__",)` copies a function's globals).
+# - `singledispatch`, `singledispatchmethod`: `register(f)` reads the dispatch type from
+#   `f`'s annotations through `typing.get_type_hints`, which `eval`s string annotations
+#   in `f`'s globals, dunders and all. A string can get into an annotation without a
+#   string literal (`s = "..."; def f(x: s)`), so the evaluator goes, not just the
+#   literal. (Where the job's child cannot read files, the `from typing import ...`
+#   inside `register` happens to fail, because the worker does not preload `typing`;
+#   where it can, for instance without chroot and Landlock, the escape works.)
 REFLECTIVE_FUNCTIONS: frozenset[str] = frozenset(
-    {"attrgetter", "methodcaller", "update_wrapper", "wraps"}
-)
-
-# Attribute names refused everywhere (in addition to anything starting with "_").
-BANNED_ATTRIBUTES: frozenset[str] = frozenset(
     {
-        "format_map",
-        "mro",
         "attrgetter",
         "methodcaller",
         "update_wrapper",
         "wraps",
+        "singledispatch",
+        "singledispatchmethod",
+    }
+)
+
+BANNED_NAMES = BANNED_NAMES | REFLECTIVE_FUNCTIONS
+
+# Attribute names refused everywhere (in addition to anything starting with "_").
+BANNED_ATTRIBUTES: frozenset[str] = REFLECTIVE_FUNCTIONS | frozenset(
+    {
+        "format_map",
+        "mro",
+        # The method of a singledispatch function that evaluates annotations (see
+        # REFLECTIVE_FUNCTIONS); refused too in case a dispatcher is ever reachable in
+        # another way (a library function decorated with @singledispatch).
+        "register",
+        # A PyCapsule holding the C API's function pointers: of no use to arithmetic.
+        "datetime_CAPI",
+        # The value of a closure cell (reached from `__closure__`): another function's
+        # variables.
+        "cell_contents",
         "with_traceback",
         "func_globals",
         "func_code",
@@ -112,24 +153,46 @@ BANNED_ATTRIBUTES: frozenset[str] = frozenset(
 )
 
 
-def _module_attribute_names() -> frozenset[str]:
-    """Names under which allowed modules expose other modules (`fractions.sys` ...).
+# The modules that define REFLECTIVE_FUNCTIONS (for finding other names for them).
+REFLECTIVE_SOURCES: tuple[str, ...] = ("functools", "operator")
 
-    Those attributes would lead from an allowed module to `sys.modules` and so to
-    everything; they are refused as attribute names. Found by walking the allowed
-    modules once, plus a fixed list so that the check does not depend on the walk.
+
+def _module_attribute_names() -> frozenset[str]:
+    """Attribute names of allowed modules that lead somewhere the code may not go.
+
+    - Other modules (`fractions.sys`, `statistics.random`, `re.enum` ...): they lead to
+      `sys.modules` and so to everything.
+    - Submodules of allowed packages (`collections.abc`), whether or not they are set
+      as attributes: `from collections import abc` falls back to
+      `sys.modules["collections.abc"]` when the attribute is missing.
+    - Other names for a refused builtin or reflective function (`X.wraps = wraps`), so
+      that `from X import alias` or `X.alias` cannot reach what the name is refused for.
+
+    They are refused as attribute names and as from-imports. Found by walking the
+    allowed modules once, plus a fixed list so that the check does not depend on the
+    walk.
     """
+    import builtins
     import importlib
+    import pkgutil
     import types
 
     names = {"sys", "os", "builtins", "importlib", "random", "types", "gc", "inspect", "abc"}
-    for module_name in ALLOWED_MODULES:
-        module = importlib.import_module(module_name)
+    modules = {name: importlib.import_module(name) for name in ALLOWED_MODULES}
+    refused = [getattr(builtins, name) for name in BANNED_NAMES if hasattr(builtins, name)]
+    for module_name in REFLECTIVE_SOURCES:
+        for attr in sorted(REFLECTIVE_FUNCTIONS & set(dir(modules[module_name]))):
+            refused.append(getattr(modules[module_name], attr))
+    for module in modules.values():
         for attr in dir(module):
             if not attr.startswith("_"):
                 value = getattr(module, attr, None)
                 if isinstance(value, types.ModuleType) and attr not in ALLOWED_MODULES:
                     names.add(attr)
+                elif any(value is target for target in refused):
+                    names.add(attr)
+        for submodule in pkgutil.iter_modules(getattr(module, "__path__", None) or []):
+            names.add(submodule.name)
     return frozenset(names)
 
 
@@ -281,6 +344,41 @@ def _check_attribute(attr: str, node: ast.AST) -> Refusal | None:
     return None
 
 
+def _check_imported_name(name: str, node: ast.AST) -> Refusal | None:
+    """`from X import Y` is held to the rules of the attribute `X.Y`.
+
+    `format` is refused outright: `X.format` is allowed only as the callee of a call on
+    a string literal, which a from-import never is.
+    """
+    if _norm(name) == "format":
+        return Refusal(
+            "format_string",
+            "str.format is allowed only as a direct call on a string literal",
+            getattr(node, "lineno", None),
+        )
+    return _check_attribute(name, node)
+
+
+def _check_annotation(annotation: ast.expr | None) -> Refusal | None:
+    """Refuse string literals anywhere in an annotation (they are forward references).
+
+    The annotation is otherwise checked by the main walk like any expression.
+    """
+    if annotation is None:
+        return None
+    for node in ast.walk(annotation):
+        literal = isinstance(node, ast.JoinedStr) or (
+            isinstance(node, ast.Constant) and isinstance(node.value, str | bytes)
+        )
+        if literal:
+            return Refusal(
+                "banned_syntax",
+                "string annotations are not allowed (a forward reference may be evaluated)",
+                getattr(node, "lineno", None),
+            )
+    return None
+
+
 def _format_fields_are_plain(fmt: str) -> bool:
     """True when every replacement field of a format string is a bare name or index.
 
@@ -372,8 +470,12 @@ def check_source(code: str, *, max_source_chars: int) -> Refusal | None:
                     )
         elif isinstance(node, ast.FunctionDef):
             refusal = _check_identifier(node.name, node, kind="function")
+            refusal = refusal or _check_annotation(node.returns)
         elif isinstance(node, ast.arg):
             refusal = _check_identifier(node.arg, node, kind="argument")
+            refusal = refusal or _check_annotation(node.annotation)
+        elif isinstance(node, ast.AnnAssign):
+            refusal = _check_annotation(node.annotation)
         elif isinstance(node, ast.keyword):
             if node.arg is not None:
                 refusal = _check_identifier(node.arg, node, kind="keyword")
@@ -399,6 +501,7 @@ def check_source(code: str, *, max_source_chars: int) -> Refusal | None:
                         "banned_import", "star imports are not allowed", line
                     )
                 refusal = refusal or _check_identifier(alias.name, node, kind="imported name")
+                refusal = refusal or _check_imported_name(alias.name, node)
                 if alias.asname:
                     refusal = refusal or _check_identifier(alias.asname, node, kind="name")
         if refusal is not None:
