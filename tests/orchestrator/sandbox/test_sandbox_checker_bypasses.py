@@ -186,3 +186,42 @@ async def test_hostile_input_to_kept_library_code_stays_data(
     if status == "error":
         assert outcome.error is not None and outcome.error.startswith("ValueError"), outcome
     await check_clean(sandbox, tmp_root)
+
+
+# What the new rules must leave alone: annotations that are not strings, from-imports
+# of what the modules are for, str.format on a literal, f-strings.
+ORDINARY_PROGRAM = """
+from fractions import Fraction
+from math import floor
+from functools import reduce, lru_cache
+from collections import Counter, namedtuple
+import operator
+
+Item = namedtuple("Item", ["name", "price"])
+
+
+def cost(items: int, price: Fraction) -> Fraction:
+    return items * price
+
+
+@lru_cache(maxsize=None)
+def steps(n: int) -> int:
+    return 0 if n <= 1 else 1 + steps(n // 2)
+
+
+basket: list[Item] = [Item("apple", Fraction(1, 2)), Item("pear", Fraction(3, 4))]
+total = reduce(operator.add, (item.price for item in basket), Fraction(0))
+spent = cost(3, Fraction(5, 2)) + total
+print(f"spent {float(spent):.2f}; {'{} of {}'.format(2, 3)}")
+result = [floor(spent), str(total), steps(64), Counter("aab")["a"]]
+"""
+
+
+async def test_ordinary_program_still_runs(
+    sandbox: Sandbox, tmp_root: Path, check_clean: Any
+) -> None:
+    outcome = await sandbox.run(ORDINARY_PROGRAM, {}, 5.0)
+    assert outcome.status == "ok", outcome
+    assert outcome.result == [8, "5/4", 6, 2]
+    assert outcome.stdout == "spent 8.75; 2 of 3\n"
+    await check_clean(sandbox, tmp_root)
