@@ -1,23 +1,48 @@
-"""Sandbox worker: run as `python -I -S _worker.py CONFIG_JSON`, never imported.
+"""Sandbox worker: run as `python -I -S -B _worker.py CONFIG_JSON`, never imported.
 
 Standard library only, and it must stay that way: the worker is a clean interpreter
 that never loads the service's modules. It reads one job per line (JSON) on stdin and
 answers with JSON lines on stdout:
 
-    {"event": "ready", "pid": ..., "layers": {...}}             once, after start-up
-    {"event": "started", "pid": CHILD_PID}                      per job, right after fork
+    {"event": "ready", "pid": ..., "zygote_pid": ..., "layers": {...}, "dropped": {...}}
+    {"event": "failed", "error": ...}                           instead of ready
+    {"event": "started"}                                        per job, once handed over
     {"event": "done", "status": ..., "result": ..., ...}        per job
 
-Each job runs in a fresh child forked from this worker. Before any job code runs, the
-child: joins its own process group, replaces fds 0-2 with /dev/null and closes every
-other fd except its result pipe, chroots into an empty temporary directory (root only),
-drops to uid/gid 65534 (root only), arms a parent-death SIGKILL, sets rlimits (address
-space, CPU seconds, no new processes, no file writes, few fds, no core dumps), sets
-no_new_privs and installs Landlock (no filesystem access; no TCP where sockets are
-blocked) and a seccomp filter (no process creation, exec, ptrace, signals to others,
-namespace or mount changes, file creation or modification, and no sockets where
-sockets are blocked). The network namespace is created once, here, for the worker and
-so for all its children. The worker never runs job code itself.
+While a job runs, the line {"cancel": true} stops it (answered by its "done").
+
+Processes, per worker:
+
+    worker (this script): reads jobs, hands each to a confined spare, watches it, answers.
+     |                    It holds job data, so it never forks a job child.
+     +- zygote: pid 1 of the worker's own pid namespace, forked before the first job.
+         |      It never receives a job: it only forks and confines spares and reaps
+         |      them, so every job starts from the same clean memory.
+         +- job child: runs exactly one job, then exits
+         +- spare: forked and confined ahead of its job, blocked reading it
+
+Isolation, all checked at start (the worker reports "failed" instead of "ready" when a
+mandatory layer cannot be set up):
+
+- namespaces (mandatory): a new user namespace (uid/gid 65534 inside, mapped to the
+  worker's own uid; a worker started as root first drops to 65534, so that jobs never
+  run as the service's uid), pid namespace (jobs see only the zygote and each other;
+  when the zygote dies the kernel kills everything in it), mount namespace whose root
+  is an empty read-only tmpfs (pivot_root: the host filesystem, /proc included, is
+  detached, not hidden), IPC and UTS namespaces, and a network namespace with only a
+  down loopback unless network_isolation is "seccomp" or "none";
+- per job child: fds 0-2 on /dev/null, 3 the result pipe, 4 the job pipe, nothing else;
+  every capability dropped (also from the bounding and ambient sets); rlimits (address
+  space, CPU seconds, no processes, no file writes, 8 fds, no core dumps); no_new_privs;
+  Landlock (no filesystem access; no TCP where sockets are blocked; scoped signals and
+  abstract sockets on ABI >= 6) where the kernel has it; a seccomp ALLOWLIST on x86_64:
+  only the calls CPython needs to compute and answer, EPERM for everything else, and
+  SIGSYS (a kill the worker reports as `blocked_syscall`) for the calls only an attack
+  makes (process creation, exec, ptrace, signals, namespaces, mounts, privilege changes,
+  kernel interfaces, sockets where blocked).
+
+The worker enforces each job's wall-clock limit itself, through a pidfd (no pid reuse),
+and never reports a job as done before the job's process has exited.
 """
 
 import ast
@@ -30,99 +55,118 @@ import os
 import platform
 import resource
 import select
-import shutil
 import signal
+import socket
 import struct
 import sys
-import tempfile
 import time
 import types
+from collections import deque
 
 CONFIG = json.loads(sys.argv[1])
 NOBODY = 65534
 _libc = ctypes.CDLL(None, use_errno=True)
+_libc.syscall.restype = ctypes.c_long
 
 # --- constants from <linux/...> -------------------------------------------------------
-CLONE_NEWNET = 0x40000000
+CLONE_NEWNS = 0x00020000
+CLONE_NEWUTS = 0x04000000
 CLONE_NEWIPC = 0x08000000
+CLONE_NEWUSER = 0x10000000
+CLONE_NEWPID = 0x20000000
+CLONE_NEWNET = 0x40000000
 PR_SET_PDEATHSIG = 1
-PR_SET_NO_NEW_PRIVS = 38
+PR_SET_DUMPABLE = 4
 PR_SET_SECCOMP = 22
+PR_CAPBSET_DROP = 24
+PR_SET_NO_NEW_PRIVS = 38
+PR_CAP_AMBIENT = 47
+PR_CAP_AMBIENT_CLEAR_ALL = 4
+MS_RDONLY, MS_NOSUID, MS_NODEV, MS_NOEXEC = 1, 2, 4, 8
+MS_REMOUNT, MS_BIND, MS_REC, MS_PRIVATE = 32, 4096, 16384, 1 << 18
+MNT_DETACH = 2
 SECCOMP_MODE_FILTER = 2
 AUDIT_ARCH_X86_64 = 0xC000003E
 SECCOMP_RET_KILL_PROCESS = 0x80000000
 SECCOMP_RET_ERRNO = 0x00050000
 SECCOMP_RET_ALLOW = 0x7FFF0000
+SYS_PIVOT_ROOT = 155
+SYS_CAPSET = 126
 SYS_LANDLOCK_CREATE_RULESET = 444
 SYS_LANDLOCK_RESTRICT_SELF = 446
+PROT_EXEC = 0x4
 
-# x86_64 syscall numbers refused with EPERM in the job child.
-_X86_64_DENY = {
-    # process creation and program execution
-    "clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322,
-    # other processes
-    "kill": 62, "tkill": 200, "tgkill": 234, "ptrace": 101, "process_vm_readv": 310,
-    "process_vm_writev": 311, "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438,
-    # filesystem changes
-    "creat": 85, "mkdir": 83, "mkdirat": 258, "rmdir": 84, "unlink": 87, "unlinkat": 263,
-    "rename": 82, "renameat": 264, "renameat2": 316, "link": 86, "linkat": 265,
-    "symlink": 88, "symlinkat": 266, "chmod": 90, "fchmod": 91, "fchmodat": 268,
-    "chown": 92, "fchown": 93, "lchown": 94, "fchownat": 260, "truncate": 76,
-    "ftruncate": 77, "mknod": 133, "mknodat": 259, "fallocate": 285, "utimensat": 280,
-    "setxattr": 188, "lsetxattr": 189, "fsetxattr": 190, "removexattr": 197,
-    # namespaces, mounts, privileges, kernel interfaces
-    "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161, "unshare": 272,
-    "setns": 308, "bpf": 321, "perf_event_open": 298, "userfaultfd": 323, "keyctl": 250,
-    "add_key": 248, "request_key": 249, "io_uring_setup": 425, "io_uring_enter": 426,
-    "io_uring_register": 427, "personality": 135, "init_module": 175, "finit_module": 313,
-    "delete_module": 176, "kexec_load": 246, "kexec_file_load": 320, "reboot": 169,
-    "swapon": 167, "swapoff": 168, "acct": 163, "settimeofday": 164, "clock_settime": 227,
-    "sethostname": 170, "setdomainname": 171, "iopl": 172, "ioperm": 173, "quotactl": 179,
-    "open_by_handle_at": 304, "name_to_handle_at": 303, "fanotify_init": 300,
-    "move_mount": 429, "open_tree": 428, "fsopen": 430, "fsmount": 432, "fsconfig": 431,
-    "mount_setattr": 442, "memfd_create": 319, "memfd_secret": 447,
+# --- the seccomp allowlist (x86_64) ---------------------------------------------------
+# What a job child may call once confined, found by tracing the children over the test
+# programs (strace -f) plus what sleeping, signals and big allocations need. Everything
+# else fails with EPERM.
+_X86_64_ALLOW = {
+    "read": 0, "write": 1, "close": 3, "fstat": 5, "lseek": 8, "munmap": 11, "brk": 12,
+    "rt_sigaction": 13, "rt_sigprocmask": 14, "rt_sigreturn": 15, "sched_yield": 24,
+    "mremap": 25, "madvise": 28, "nanosleep": 35, "getpid": 39, "exit": 60, "getcwd": 79,
+    "gettimeofday": 96, "getuid": 102, "getgid": 104, "geteuid": 107, "getegid": 108,
+    "getppid": 110, "sigaltstack": 131, "gettid": 186, "time": 201, "futex": 202,
+    "restart_syscall": 219, "clock_gettime": 228, "clock_getres": 229,
+    "clock_nanosleep": 230, "exit_group": 231, "newfstatat": 262, "getrandom": 318,
 }  # fmt: skip
-_X86_64_SOCKET_CALLS = {"socket": 41, "socketpair": 53}
-_X86_64_ENOSYS = {"clone3": 435, "openat2": 437}  # glibc falls back to clone/openat
-_X86_64_OPEN = 2  # open(path, flags, mode): flags in args[1]
-_X86_64_OPENAT = 257  # openat(dirfd, path, flags, mode): flags in args[2]
-# O_WRONLY | O_RDWR | O_CREAT | O_TRUNC | O_APPEND | O_TMPFILE's __O_TMPFILE bit
-_OPEN_WRITE_FLAGS = 0o1 | 0o2 | 0o100 | 0o1000 | 0o2000 | 0o20000000
+# mmap and mprotect are allowed only without PROT_EXEC (args[2]): no new machine code.
+_X86_64_NO_EXEC = {"mmap": 9, "mprotect": 10}
+# Only network_isolation "netns" and "none" let a job use sockets.
+_X86_64_SOCKETS = {
+    "socket": 41, "connect": 42, "accept": 43, "sendto": 44, "recvfrom": 45, "sendmsg": 46,
+    "recvmsg": 47, "shutdown": 48, "bind": 49, "listen": 50, "getsockname": 51,
+    "getpeername": 52, "socketpair": 53, "setsockopt": 54, "getsockopt": 55,
+    "accept4": 288, "poll": 7, "ppoll": 271, "select": 23, "pselect6": 270, "ioctl": 16,
+    "fcntl": 72,
+}  # fmt: skip
+# Calls no computation makes: the job is killed (SIGSYS) and the attempt reported.
+_X86_64_TRIPWIRE = {
+    "clone": 56, "fork": 57, "vfork": 58, "execve": 59, "execveat": 322, "clone3": 435,
+    "ptrace": 101, "process_vm_readv": 310, "process_vm_writev": 311, "kill": 62,
+    "tkill": 200, "tgkill": 234, "rt_sigqueueinfo": 129, "rt_tgsigqueueinfo": 297,
+    "pidfd_open": 434, "pidfd_send_signal": 424, "pidfd_getfd": 438, "unshare": 272,
+    "setns": 308, "mount": 165, "umount2": 166, "pivot_root": 155, "chroot": 161,
+    "open_tree": 428, "move_mount": 429, "fsopen": 430, "fsconfig": 431, "fsmount": 432,
+    "fspick": 433, "mount_setattr": 442, "bpf": 321, "perf_event_open": 298,
+    "userfaultfd": 323, "io_uring_setup": 425, "io_uring_enter": 426,
+    "io_uring_register": 427, "keyctl": 250, "add_key": 248, "request_key": 249,
+    "init_module": 175, "finit_module": 313, "delete_module": 176, "kexec_load": 246,
+    "kexec_file_load": 320, "open_by_handle_at": 304, "setuid": 105, "setgid": 106,
+    "setreuid": 113, "setregid": 114, "setresuid": 117, "setresgid": 119, "setgroups": 116,
+    "setfsuid": 122, "setfsgid": 123, "capset": 126, "personality": 135,
+}  # fmt: skip
+_X86_64_SOCKET_TRIPWIRE = {"socket": 41, "socketpair": 53}
+_X32_BIT = 0x40000000
 
 
 def _bpf_program(block_sockets: bool) -> bytes:
-    """Assemble the seccomp BPF filter for x86_64 (see the module docstring)."""
+    """Assemble the seccomp BPF allowlist for x86_64 (see the module docstring)."""
     ld_w_abs, jmp_jeq, jmp_jge, jmp_jset, ret_k = 0x20, 0x15, 0x35, 0x45, 0x06
-    deny = dict(_X86_64_DENY)
+    allow = dict(_X86_64_ALLOW)
+    tripwire = dict(_X86_64_TRIPWIRE)
     if block_sockets:
-        deny.update(_X86_64_SOCKET_CALLS)
+        tripwire.update(_X86_64_SOCKET_TRIPWIRE)
+    else:
+        allow.update(_X86_64_SOCKETS)
     # Instructions as (code, jt_label_or_0, jf_label_or_0, k); labels resolved below.
     prog: list[tuple[int, object, object, int]] = [
         (ld_w_abs, 0, 0, 4),  # A = seccomp_data.arch
-        (jmp_jeq, 0, "kill", AUDIT_ARCH_X86_64),
+        (jmp_jeq, 0, "kill", AUDIT_ARCH_X86_64),  # another ABI: kill
         (ld_w_abs, 0, 0, 0),  # A = seccomp_data.nr
-        (jmp_jge, "eperm", 0, 0x40000000),  # x32 ABI numbers
-        (jmp_jeq, "open", 0, _X86_64_OPEN),
-        (jmp_jeq, "openat", 0, _X86_64_OPENAT),
+        (jmp_jge, "kill", 0, _X32_BIT),  # x32 numbers: kill
     ]
-    prog += [(jmp_jeq, "enosys", 0, nr) for nr in sorted(_X86_64_ENOSYS.values())]
-    prog += [(jmp_jeq, "eperm", 0, nr) for nr in sorted(deny.values())]
+    prog += [(jmp_jeq, "no_exec", 0, nr) for nr in sorted(_X86_64_NO_EXEC.values())]
+    prog += [(jmp_jeq, "allow", 0, nr) for nr in sorted(allow.values())]
+    prog += [(jmp_jeq, "kill", 0, nr) for nr in sorted(tripwire.values())]
     labels: dict[str, int] = {}
+    prog.append((ret_k, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM))  # the default
+    labels["allow"] = len(prog)
     prog.append((ret_k, 0, 0, SECCOMP_RET_ALLOW))
-    labels["eperm"] = len(prog)
-    prog.append((ret_k, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM))
-    labels["enosys"] = len(prog)
-    prog.append((ret_k, 0, 0, SECCOMP_RET_ERRNO | errno.ENOSYS))
     labels["kill"] = len(prog)
     prog.append((ret_k, 0, 0, SECCOMP_RET_KILL_PROCESS))
-    labels["open"] = len(prog)
-    prog.append((ld_w_abs, 0, 0, 16 + 8 * 1))  # low 32 bits of args[1]
-    prog.append((jmp_jset, "+1", 0, _OPEN_WRITE_FLAGS))  # BPF jumps only forward
-    prog.append((ret_k, 0, 0, SECCOMP_RET_ALLOW))
-    prog.append((ret_k, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM))
-    labels["openat"] = len(prog)
-    prog.append((ld_w_abs, 0, 0, 16 + 8 * 2))  # low 32 bits of args[2]
-    prog.append((jmp_jset, "+1", 0, _OPEN_WRITE_FLAGS))
+    labels["no_exec"] = len(prog)
+    prog.append((ld_w_abs, 0, 0, 16 + 8 * 2))  # low 32 bits of args[2] (prot)
+    prog.append((jmp_jset, "+1", 0, PROT_EXEC))  # BPF jumps only forward
     prog.append((ret_k, 0, 0, SECCOMP_RET_ALLOW))
     prog.append((ret_k, 0, 0, SECCOMP_RET_ERRNO | errno.EPERM))
     out = b""
@@ -169,7 +213,6 @@ def _install_seccomp(block_sockets: bool) -> None:
 
 
 def _landlock_abi() -> int:
-    _libc.syscall.restype = ctypes.c_long
     abi = _libc.syscall(SYS_LANDLOCK_CREATE_RULESET, None, ctypes.c_size_t(0), ctypes.c_uint32(1))
     return int(abi) if abi > 0 else 0
 
@@ -205,6 +248,17 @@ def _install_landlock(abi: int, block_tcp: bool) -> None:
         )
     finally:
         os.close(fd)
+
+
+def _drop_capabilities() -> None:
+    """Drop every capability the child holds in its user namespace, for good."""
+    cap = 0
+    while _libc.prctl(PR_CAPBSET_DROP, cap, 0, 0, 0) == 0:  # EINVAL past the last one
+        cap += 1
+    _check(_libc.prctl(PR_CAP_AMBIENT, PR_CAP_AMBIENT_CLEAR_ALL, 0, 0, 0), "ambient caps")
+    header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+    data = bytes(24)  # effective, permitted, inheritable: all empty (two 32-bit words)
+    _check(_libc.syscall(SYS_CAPSET, header, data), "capset")
 
 
 # --- the environment the job code sees --------------------------------------------------
@@ -408,35 +462,20 @@ def _child_main(job: dict, write_fd: int, layers: dict) -> None:
     )
 
 
-def _confine_child(
-    job_dir: str, result_fd: int, job_fd: int, layers: dict, worker_pid: int
-) -> None:
-    """Apply every layer to the freshly forked child.
+def _confine_child(result_fd: int, job_fd: int, devnull: int, layers: dict) -> None:
+    """Apply the per-child layers to a freshly forked child of the zygote.
 
     Afterwards fd 3 is the result pipe (write end), fd 4 the job pipe (read end), fds 0-2
     are /dev/null and no other fd is open.
     """
-    os.setpgid(0, 0)
-    devnull = os.open("/dev/null", os.O_RDWR)
     # Move the pipes above the range they end up in, so dup2 never clobbers one.
-    result_fd, job_fd = os.dup(result_fd), os.dup(job_fd)
     result_fd, job_fd = os.dup2(result_fd, 1000), os.dup2(job_fd, 1001)
     for fd in (0, 1, 2):
         os.dup2(devnull, fd)
     os.dup2(result_fd, 3)
     os.dup2(job_fd, 4)
     os.closerange(5, 1 << 16)
-    os.chdir(job_dir)
-    if layers["chroot"]:
-        os.chroot(job_dir)
-        os.chdir("/")
-    if layers["setuid"]:
-        os.setgroups([])
-        os.setgid(NOBODY)
-        os.setuid(NOBODY)
-    _check(_libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "pdeathsig")
-    if os.getppid() != worker_pid:
-        os._exit(70)
+    os.chdir("/")
     memory = int(CONFIG["memory_mb"]) * 1024 * 1024
     cpu_s = int(CONFIG["cpu_s"])
     resource.setrlimit(resource.RLIMIT_AS, (memory, memory))
@@ -447,6 +486,7 @@ def _confine_child(
     resource.setrlimit(resource.RLIMIT_NOFILE, (8, 8))
     resource.setrlimit(resource.RLIMIT_MEMLOCK, (0, 0))
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
+    _drop_capabilities()
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
     if layers["landlock"]:
         _install_landlock(layers["landlock"], layers["block_sockets"])
@@ -463,29 +503,6 @@ def _fd_is_pipe(fd: int) -> bool:
         return False
 
 
-def _send(message: dict) -> None:
-    sys.stdout.buffer.write(json.dumps(message, ensure_ascii=False).encode() + b"\n")
-    sys.stdout.buffer.flush()
-
-
-class _Spare:
-    """A child forked and confined ahead of its job, blocked reading the job from fd 4."""
-
-    __slots__ = ("job_dir", "job_w", "pid", "pidfd", "result_r")
-
-    def __init__(self, pid: int, pidfd: int, job_w: int, result_r: int, job_dir: str) -> None:
-        self.pid, self.pidfd, self.job_w, self.result_r, self.job_dir = (
-            pid,
-            pidfd,
-            job_w,
-            result_r,
-            job_dir,
-        )
-
-    def dead(self) -> bool:
-        return bool(select.select([self.pidfd], [], [], 0)[0])
-
-
 def _read_job(fd: int) -> dict | None:
     data = bytearray()
     while chunk := os.read(fd, 1 << 16):
@@ -494,21 +511,53 @@ def _read_job(fd: int) -> dict | None:
     return json.loads(data) if data else None
 
 
-def _prefork(layers: dict, worker_pid: int) -> _Spare:
-    """Fork the child for the next job and confine it before it sees any job data.
+# --- the zygote: pid 1 of the worker's pid namespace ------------------------------------
 
-    Taking the fork and the confinement off the job's path is what keeps a call cheap;
-    every child still runs exactly one job, so nothing persists between jobs.
+
+class SetupError(Exception):
+    """A mandatory isolation layer could not be set up."""
+
+
+def _enter_empty_root() -> None:
+    """Make an empty read-only tmpfs the root of a new mount namespace.
+
+    The host's filesystem (and its /proc) is detached from this namespace, not hidden
+    under it: nothing a child does can reach it again.
     """
-    job_dir = tempfile.mkdtemp(prefix=f"job-{worker_pid}-", dir=CONFIG["tmp_root"])
+    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
+    _check(_libc.mount(None, b"/", None, MS_REC | MS_PRIVATE, None), "mount --make-rprivate /")
+    # Any directory serves as the mount point (this namespace is private): the first one
+    # that exists and that this uid may enter.
+    for base in ("/tmp", "/dev", "/mnt", "/run"):
+        if os.path.isdir(base) and os.access(base, os.X_OK):
+            break
+    else:
+        raise SetupError("no directory to mount the sandbox root on (/tmp, /dev, /mnt, /run)")
+    flags = MS_NOSUID | MS_NODEV | MS_NOEXEC
+    _check(
+        _libc.mount(b"sandbox", base.encode(), b"tmpfs", flags, b"size=4k,nr_inodes=2,mode=0555"),
+        f"mount tmpfs on {base}",
+    )
+    os.chdir(base)
+    _check(_libc.syscall(SYS_PIVOT_ROOT, b".", b"."), "pivot_root")
+    _check(_libc.umount2(b".", MNT_DETACH), "umount the old root")
+    os.chdir("/")
+    _check(
+        _libc.mount(None, b"/", None, MS_REMOUNT | MS_BIND | MS_RDONLY | flags, None),
+        "remount the sandbox root read-only",
+    )
+    if os.listdir("/") or os.path.exists("/proc/self"):
+        raise SetupError("the sandbox root is not empty")
+
+
+def _fork_child(layers: dict, devnull: int) -> tuple[int, int, int, int]:
+    """Fork a spare, confine it and return (pid, pidfd, job pipe, result pipe) of it."""
     job_r, job_w = os.pipe()
     result_r, result_w = os.pipe()
     pid = os.fork()
     if pid == 0:  # the child
         try:
-            os.close(job_w)
-            os.close(result_r)
-            _confine_child(job_dir, result_w, job_r, layers, worker_pid)
+            _confine_child(result_w, job_r, devnull, layers)
         except BaseException as exc:
             try:
                 # The result pipe is fd 3 once the confinement has moved it there.
@@ -520,7 +569,7 @@ def _prefork(layers: dict, worker_pid: int) -> _Spare:
             job = _read_job(4)
         except BaseException:
             os._exit(73)
-        if job is None:  # the worker is shutting down
+        if job is None:  # discarded before it got a job
             os._exit(0)
         if job.get("probe"):
             os.write(3, b'{"status": "ok", "result": null, "stdout": "", "error": null}')
@@ -529,40 +578,242 @@ def _prefork(layers: dict, worker_pid: int) -> _Spare:
         os._exit(72)
     os.close(job_r)
     os.close(result_w)
-    try:
-        os.setpgid(pid, pid)  # also done by the child; whichever runs first wins the race
-    except OSError:
-        pass
-    return _Spare(pid, os.pidfd_open(pid), job_w, result_r, job_dir)
+    return pid, os.pidfd_open(pid), job_w, result_r
 
 
-def _discard_spare(spare: _Spare) -> None:
+def _zygote_main(sock: socket.socket, devnull: int) -> None:
+    """Fork confined spares on request and report each one's exit. Never sees a job."""
+    for fd in (0, 1, 2):  # nothing of the worker's channel to the service
+        os.dup2(devnull, fd)
     try:
-        os.killpg(spare.pid, signal.SIGKILL)
-    except ProcessLookupError:
-        pass
-    os.waitpid(spare.pid, 0)
-    for fd in (spare.pidfd, spare.job_w, spare.result_r):
+        _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        _enter_empty_root()
+        _libc.sethostname(b"sandbox", 7)
+        if os.getpid() != 1:
+            raise SetupError("the zygote is not pid 1 of a new pid namespace")
+        gc.collect()
+        gc.freeze()  # children then share these pages instead of copying them
+        sock.send(json.dumps({"ready": True}).encode())
+        children: dict[int, int] = {}  # pidfd -> pid
+        while True:
+            ready, _, _ = select.select([sock.fileno(), *children], [], [])
+            for fd in ready:
+                if fd != sock.fileno():
+                    pid = children.pop(fd)
+                    os.close(fd)
+                    _, status = os.waitpid(pid, 0)
+                    sock.send(json.dumps({"exit": pid, "status": status}).encode())
+                    continue
+                request = sock.recv(65536)
+                if not request:  # the worker is gone: so is everything in this namespace
+                    os._exit(0)
+                pid, pidfd, job_w, result_r = _fork_child(json.loads(request)["fork"], devnull)
+                message = json.dumps({"spare": pid}).encode()
+                socket.send_fds(sock, [message], [job_w, result_r, pidfd])
+                os.close(job_w)
+                os.close(result_r)
+                children[pidfd] = pid
+    except BaseException as exc:
         try:
-            os.close(fd)
-        except OSError:
+            sock.send(json.dumps({"error": f"{type(exc).__name__}: {exc}"}).encode())
+        finally:
+            os._exit(1)
+
+
+class _Spare:
+    """A child forked and confined ahead of its job, blocked reading the job from fd 4."""
+
+    __slots__ = ("job_w", "pid", "pidfd", "result_r")
+
+    def __init__(self, pid: int, pidfd: int, job_w: int, result_r: int) -> None:
+        self.pid, self.pidfd, self.job_w, self.result_r = pid, pidfd, job_w, result_r
+
+    def dead(self) -> bool:
+        return bool(select.select([self.pidfd], [], [], 0)[0])
+
+    def kill(self) -> None:
+        """SIGKILL the child and wait until it has exited (the pidfd pins the process)."""
+        try:
+            signal.pidfd_send_signal(self.pidfd, signal.SIGKILL)
+        except ProcessLookupError:
             pass
-    _remove_dir(spare.job_dir)
+        select.select([self.pidfd], [], [], 10.0)
+
+    def close(self) -> None:
+        for fd in (self.pidfd, self.job_w, self.result_r):
+            try:
+                os.close(fd)
+            except OSError:
+                pass
 
 
-def _remove_dir(path: str) -> None:
+class ZygoteGone(Exception):
+    """The zygote died or broke protocol: the worker cannot run jobs any more."""
+
+
+class _Zygote:
+    """The worker's end of the control socket to the zygote."""
+
+    def __init__(self, sock: socket.socket, pid: int) -> None:
+        self.sock = sock
+        self.pid = pid  # in the worker's (the service's) pid namespace
+        self.spares: deque[_Spare] = deque()
+        self.statuses: dict[int, int | None] = {}  # exit statuses wanted, by child pid
+
+    def _receive(self, timeout: float | None) -> bool:
+        if not select.select([self.sock], [], [], timeout)[0]:
+            return False
+        data, fds, _, _ = socket.recv_fds(self.sock, 65536, 3)
+        if not data:
+            raise ZygoteGone("the zygote exited")
+        message = json.loads(data)
+        if "spare" in message and len(fds) == 3:
+            pidfd, job_w, result_r = fds[2], fds[0], fds[1]
+            self.spares.append(_Spare(int(message["spare"]), pidfd, job_w, result_r))
+        elif "exit" in message and not fds:
+            if message["exit"] in self.statuses:
+                self.statuses[message["exit"]] = int(message["status"])
+        else:
+            for fd in fds:
+                os.close(fd)
+            raise ZygoteGone(str(message.get("error") or "the zygote broke protocol"))
+        return True
+
+    def wait_ready(self, timeout: float) -> None:
+        if not select.select([self.sock], [], [], timeout)[0]:
+            raise ZygoteGone("the zygote did not start")
+        message = json.loads(self.sock.recv(65536) or b'{"error": "the zygote exited"}')
+        if not message.get("ready"):
+            raise ZygoteGone(str(message.get("error")))
+
+    def request(self, layers: dict) -> None:
+        self.sock.send(json.dumps({"fork": layers}).encode())
+
+    def take(self, layers: dict) -> _Spare:
+        """The next live spare (asking for a replacement of any that died waiting)."""
+        while True:
+            deadline = time.monotonic() + 10.0
+            while not self.spares:
+                if not self._receive(max(deadline - time.monotonic(), 0)):
+                    raise ZygoteGone("the zygote did not fork a spare within 10 s")
+            spare = self.spares.popleft()
+            if not spare.dead():
+                self.statuses[spare.pid] = None
+                return spare
+            spare.close()
+            self.request(layers)
+
+    def exit_status(self, pid: int, timeout: float) -> int | None:
+        deadline = time.monotonic() + timeout
+        while self.statuses.get(pid) is None:
+            if not self._receive(max(deadline - time.monotonic(), 0)):
+                return None
+        return self.statuses.pop(pid)
+
+    def forget(self, pid: int) -> None:
+        self.statuses.pop(pid, None)
+
+    def stop(self) -> None:
+        """Kill the zygote (and so its namespace) and reap it, so its CPU time is counted."""
+        for spare in self.spares:
+            spare.close()
+        self.sock.close()
+        try:
+            os.kill(self.pid, signal.SIGKILL)
+            os.waitpid(self.pid, 0)
+        except ChildProcessError:
+            pass
+
+
+def _start_zygote() -> _Zygote:
+    ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+    devnull = os.open("/dev/null", os.O_RDWR)
+    pid = os.fork()  # the first child after unshare(CLONE_NEWPID): pid 1 in there
+    if pid == 0:
+        ours.close()
+        _zygote_main(theirs, devnull)
+        os._exit(1)
+    theirs.close()
+    os.close(devnull)
+    zygote = _Zygote(ours, pid)
     try:
-        os.rmdir(path)  # the child cannot create anything in it
-    except OSError:
-        shutil.rmtree(path, ignore_errors=True)
+        zygote.wait_ready(10.0)
+    except ZygoteGone as exc:
+        raise SetupError(
+            f"cannot set up the sandbox's empty root: {exc} (in a container, AppArmor's "
+            "default profile refuses mount, and kernel.apparmor_restrict_unprivileged_userns"
+            "=1 leaves user namespaces without capabilities; see compose.yaml)"
+        ) from exc
+    return zygote
 
 
-def _run_job(job: dict, spare: _Spare) -> dict:
-    """Hand the job to the spare child, watch it, and return the 'done' message."""
-    pid, pidfd, read_fd = spare.pid, spare.pidfd, spare.result_r
-    if not job.get("probe"):
-        _send({"event": "started", "pid": pid})
-    deadline = time.monotonic() + float(job.get("timeout_s", 1.0)) + 0.05
+# --- the worker ----------------------------------------------------------------------
+
+
+def _send(message: dict) -> None:
+    data = json.dumps(message, ensure_ascii=False).encode() + b"\n"
+    view = memoryview(data)
+    while view:
+        view = view[os.write(1, view) :]
+
+
+class _Channel:
+    """Job lines from the service on fd 0, read without buffering surprises for select."""
+
+    def __init__(self) -> None:
+        self.fd = 0
+        self.buffer = bytearray()
+        self.closed = False
+
+    def fill(self) -> None:
+        chunk = os.read(self.fd, 1 << 16)
+        if chunk:
+            self.buffer += chunk
+        else:
+            self.closed = True
+
+    def readline(self) -> bytes | None:
+        while b"\n" not in self.buffer:
+            if self.closed:
+                return None
+            self.fill()
+        line, _, rest = bytes(self.buffer).partition(b"\n")
+        self.buffer = bytearray(rest)
+        return line
+
+    def take_cancel(self) -> bool:
+        """Consume a complete cancel line already read (it may have come with the job)."""
+        if b"\n" not in self.buffer:
+            return False
+        lines = bytes(self.buffer).split(b"\n")
+        for index, line in enumerate(lines[:-1]):
+            if _is_cancel(line):
+                del lines[index]
+                self.buffer = bytearray(b"\n".join(lines))
+                return True
+        return False
+
+    def poll_cancel(self) -> bool:
+        """Read what arrived while a job runs: True for a cancel line, or at EOF."""
+        self.fill()
+        return self.closed or self.take_cancel()
+
+
+def _is_cancel(line: bytes) -> bool:
+    try:
+        message = json.loads(line)
+    except ValueError:
+        return False
+    return isinstance(message, dict) and message.get("cancel") is True
+
+
+def _run_job(job: dict, spare: _Spare, zygote: _Zygote, channel: _Channel | None) -> dict:
+    """Hand the job to the spare child, watch it, and return the 'done' message.
+
+    The child has exited (or was killed and has exited) when this returns.
+    """
+    pidfd, read_fd = spare.pidfd, spare.result_r
+    deadline = time.monotonic() + float(job.get("timeout_s", 1.0))
     try:
         payload = json.dumps(job).encode()
         view = memoryview(payload)
@@ -572,6 +823,7 @@ def _run_job(job: dict, spare: _Spare) -> dict:
         pass  # the child is gone; the loop below sees it exit
     finally:
         os.close(spare.job_w)
+        spare.job_w = -1
     cap = 16 * int(CONFIG["max_output_chars"]) + 65536
     data = bytearray()
     killed_for = None
@@ -582,8 +834,16 @@ def _run_job(job: dict, spare: _Spare) -> dict:
             if remaining <= 0:
                 killed_for = "timeout"
                 break
+            if channel is not None and channel.take_cancel():
+                killed_for = "cancelled"
+                break
             fds = [pidfd] if eof else [read_fd, pidfd]
+            if channel is not None:
+                fds.append(channel.fd)
             ready, _, _ = select.select(fds, [], [], remaining)
+            if channel is not None and channel.fd in ready and channel.poll_cancel():
+                killed_for = "cancelled"
+                break
             if pidfd in ready:
                 exited = True
             if read_fd in ready:
@@ -593,7 +853,7 @@ def _run_job(job: dict, spare: _Spare) -> dict:
                 else:
                     data += chunk
                     if len(data) > cap:
-                        killed_for = "output_limit"
+                        killed_for = "output_flood"
                         break
             if exited and not eof:
                 # The child is gone, so the pipe has no writer left: drain it.
@@ -602,142 +862,256 @@ def _run_job(job: dict, spare: _Spare) -> dict:
                     while chunk := os.read(read_fd, 65536):
                         data += chunk
                         if len(data) > cap:
-                            killed_for = "output_limit"
+                            killed_for = "output_flood"
                             break
                 except BlockingIOError:
                     pass
                 eof = True
     finally:
         if killed_for is not None or not exited:
-            try:
-                os.killpg(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        _, wait_status = os.waitpid(pid, 0)
-        os.close(pidfd)
-        os.close(read_fd)
-        _remove_dir(spare.job_dir)
-    return _report(data, wait_status, killed_for)
+            spare.kill()
+        spare.close()
+    report = _report(data, killed_for)
+    if report is None:  # no well-formed result: the exit status tells what happened
+        report = _report_exit(data, zygote.exit_status(spare.pid, 5.0))
+    zygote.forget(spare.pid)
+    return report
 
 
-def _report(data: bytes | bytearray, wait_status: int, killed_for: str | None) -> dict:
-    base = {"event": "done", "result": None, "stdout": "", "error": None, "category": None}
+_BASE = {"event": "done", "result": None, "stdout": "", "error": None, "category": None}
+# What a child may report about its own run; anything else is a protocol violation.
+_CHILD_CATEGORIES = (None, "memory", "recursion", "output_limit")
+
+
+def _report(data: bytes | bytearray, killed_for: str | None) -> dict | None:
+    """The 'done' message from what the child wrote, or None when it wrote no result."""
     if killed_for == "timeout":
-        return base | {"status": "timeout", "error": "wall-clock timeout", "category": "timeout"}
-    if killed_for == "output_limit":
-        return base | {
+        return _BASE | {"status": "timeout", "error": "wall-clock timeout", "category": "timeout"}
+    if killed_for == "cancelled":
+        return _BASE | {"status": "error", "error": "cancelled", "category": "cancelled"}
+    if killed_for == "output_flood":
+        return _BASE | {
             "status": "error",
-            "error": "output exceeded the cap",
-            "category": "output_limit",
-        }
-    if os.WIFSIGNALED(wait_status):
-        sig = os.WTERMSIG(wait_status)
-        if sig in (signal.SIGXCPU, signal.SIGKILL):
-            return base | {
-                "status": "timeout",
-                "error": f"killed by {signal.Signals(sig).name} (CPU or wall-clock limit)",
-                "category": "timeout",
-            }
-        return base | {
-            "status": "error",
-            "error": f"killed by {signal.Signals(sig).name}",
-            "category": "crash",
+            "error": "the job wrote past the output cap",
+            "category": "output_flood",
         }
     try:
         payload = json.loads(data.decode("utf-8", "replace")) if data else None
     except (ValueError, RecursionError):
         payload = None
     if not isinstance(payload, dict) or "status" not in payload:
-        code = os.WEXITSTATUS(wait_status) if os.WIFEXITED(wait_status) else None
-        detail = payload.get("setup_error") if isinstance(payload, dict) else None
-        return base | {
+        return None
+    max_chars = int(CONFIG["max_output_chars"])
+    status, category = payload["status"], payload.get("category")
+    stdout, error = payload.get("stdout") or "", payload.get("error")
+    if (
+        status not in ("ok", "error")
+        or category not in _CHILD_CATEGORIES
+        or not isinstance(stdout, str)
+        or not (error is None or isinstance(error, str))
+    ):
+        return _BASE | {
             "status": "error",
-            "error": f"the job process ended without a result (exit {code}): {detail or ''}",
-            "category": "crash",
+            "error": "the job wrote a malformed result",
+            "category": "protocol",
         }
-    return base | {
-        "status": payload["status"] if payload["status"] in ("ok", "error") else "error",
-        "result": payload.get("result"),
-        "stdout": str(payload.get("stdout") or ""),
-        "error": payload.get("error"),
-        "category": payload.get("category"),
+    result = payload.get("result") if status == "ok" else None
+    if len(stdout) > max_chars or len(json.dumps(result)) > max_chars:
+        # The child's own checks refuse this; only code writing to the pipe gets here.
+        return _BASE | {
+            "status": "error",
+            "error": "the job wrote a result past the output cap",
+            "category": "output_flood",
+        }
+    return _BASE | {
+        "status": status,
+        "result": result,
+        "stdout": stdout,
+        "error": error,
+        "category": category,
     }
 
 
-def _setup_worker() -> dict:
-    """Create the worker-wide layers and find out which per-child layers this host allows."""
+def _report_exit(data: bytes | bytearray, wait_status: int | None) -> dict:
+    if wait_status is not None and os.WIFSIGNALED(wait_status):
+        sig = os.WTERMSIG(wait_status)
+        if sig in (signal.SIGXCPU, signal.SIGKILL):
+            return _BASE | {
+                "status": "timeout",
+                "error": f"killed by {signal.Signals(sig).name} (CPU limit)",
+                "category": "timeout",
+            }
+        if sig == signal.SIGSYS:
+            return _BASE | {
+                "status": "error",
+                "error": "killed by SIGSYS: a system call the sandbox forbids",
+                "category": "blocked_syscall",
+            }
+        return _BASE | {
+            "status": "error",
+            "error": f"killed by {signal.Signals(sig).name}",
+            "category": "crash",
+        }
+    code = os.WEXITSTATUS(wait_status) if wait_status is not None else None
+    try:
+        payload = json.loads(data.decode("utf-8", "replace")) if data else None
+    except (ValueError, RecursionError):
+        payload = None
+    detail = payload.get("setup_error") if isinstance(payload, dict) else None
+    return _BASE | {
+        "status": "error",
+        "error": f"the job process ended without a result (exit {code}): {detail or ''}",
+        "category": "crash",
+    }
+
+
+def _drop_root() -> int:
+    """A worker started as root becomes uid/gid 65534 before it creates any namespace.
+
+    The user namespace maps the worker's own uid, so this is what keeps jobs from
+    running as root (kuid 0) on the host. Returns the uid jobs have on the host.
+    """
+    if os.geteuid() != 0:
+        return os.geteuid()
+    try:
+        os.setgroups([])
+        os.setresgid(NOBODY, NOBODY, NOBODY)
+        os.setresuid(NOBODY, NOBODY, NOBODY)
+    except PermissionError:  # root without CAP_SETUID; mapping uid 0 then fails below
+        return 0
+    # Changing uid made the process undumpable, which makes /proc/self/uid_map root's.
+    _libc.prctl(PR_SET_DUMPABLE, 1, 0, 0, 0)
+    return NOBODY
+
+
+def _enter_namespaces(netns: bool) -> dict:
+    uid, gid = _drop_root(), os.getegid()
+    flags = CLONE_NEWUSER | CLONE_NEWPID | CLONE_NEWNS | CLONE_NEWIPC | CLONE_NEWUTS
+    if netns:
+        flags |= CLONE_NEWNET
+    if _libc.unshare(flags) != 0:
+        err = ctypes.get_errno()
+        raise SetupError(
+            f"cannot create the sandbox's namespaces: unshare(CLONE_NEWUSER|CLONE_NEWPID|"
+            f"CLONE_NEWNS...) failed: {os.strerror(err)}. Unprivileged user namespaces are "
+            "needed: check sysctl user.max_user_namespaces (> 0), "
+            "kernel.unprivileged_userns_clone and kernel.apparmor_restrict_unprivileged_userns"
+            " (0), and in a container the seccomp profile (Docker's default refuses "
+            "CLONE_NEWUSER; see docker/seccomp/orchestrator.json)"
+        )
+    try:
+        for name, text in (("setgroups", "deny"), ("uid_map", f"{NOBODY} {uid} 1"),
+                           ("gid_map", f"{NOBODY} {gid} 1")):  # fmt: skip
+            with open(f"/proc/self/{name}", "w") as f:
+                f.write(text)
+    except OSError as exc:
+        hint = (
+            " (mapping uid 0 needs CAP_SETFCAP: run the service as a non-root user, or as"
+            " root with CAP_SETUID and CAP_SETGID so that the worker can become 65534)"
+            if uid == 0
+            else ""
+        )
+        raise SetupError(f"cannot map the sandbox's uid {uid}: {exc}{hint}") from exc
+    # Other processes of this uid (on the host: the jobs' uid) cannot read this one's memory.
+    _libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return {"userns": True, "pidns": True, "ipcns": True, "netns": netns, "host_uid": uid}
+
+
+def _setup_worker() -> tuple[dict, _Zygote]:
+    """Create the worker's namespaces and zygote; find out which per-child layers work."""
     _libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
     if os.getppid() != int(CONFIG["parent_pid"]):
         sys.exit(0)
     mode = CONFIG["network_isolation"]
-    netns = False
-    if mode in ("auto", "netns"):
-        for flags in (CLONE_NEWNET | CLONE_NEWIPC, CLONE_NEWNET):
-            if _libc.unshare(flags) == 0:
-                netns = True
-                break
-    root = os.geteuid() == 0
     seccomp_ok = platform.machine() == "x86_64"
     if seccomp_ok:  # assembled once here, installed in every child
         _PROGRAMS[True] = _prepare_seccomp(True)
         _PROGRAMS[False] = _prepare_seccomp(False)
-    return {
-        "netns": netns,
-        "chroot": root,
-        "setuid": root,
+    landlock = _landlock_abi()
+    layers = _enter_namespaces(netns=mode in ("auto", "netns"))
+    zygote = _start_zygote()
+    layers |= {
+        "empty_root": True,
         "seccomp": seccomp_ok,
-        "landlock": _landlock_abi(),
+        "landlock": landlock,
         "block_sockets": mode in ("auto", "seccomp"),
     }
+    for name in CONFIG.get("without", ()):  # tests: show what the other layers hold alone
+        layers[name] = 0 if name == "landlock" else False
+    return layers, zygote
+
+
+def _probe(zygote: _Zygote, layers: dict) -> dict:
+    zygote.request(layers)
+    return _run_job({"probe": True, "timeout_s": 5.0}, zygote.take(layers), zygote, None)
 
 
 def main() -> None:
-    layers = _setup_worker()
-    worker_pid = os.getpid()
+    try:
+        layers, zygote = _setup_worker()
+    except (SetupError, ZygoteGone, OSError) as exc:
+        _send({"event": "failed", "error": str(exc)})
+        return
+    try:
+        dropped = _probe_layers(layers, zygote)
+        zygote.request(layers)
+        _send(
+            {
+                "event": "ready",
+                "pid": os.getpid(),
+                "zygote_pid": zygote.pid,
+                "layers": layers,
+                "dropped": dropped,
+            }
+        )
+        _serve(layers, zygote)
+    except SetupError as exc:
+        _send({"event": "failed", "error": str(exc), "layers": layers})
+    finally:
+        zygote.stop()
 
-    def probe(candidate: dict) -> dict:
-        return _run_job({"probe": True, "timeout_s": 5.0}, _prefork(candidate, worker_pid))
 
-    # Probe each optional per-child layer on its own, keep those the host allows, then
-    # probe the kept set together. What was dropped, and why, goes to the service's log.
-    baseline = dict(layers, landlock=0, seccomp=False, chroot=False, setuid=False)
+def _probe_layers(layers: dict, zygote: _Zygote) -> dict:
+    """Probe each optional per-child layer on its own, keep those the host allows, then
+    probe the kept set together. Returns what was dropped and why (for the service's log).
+    """
+    baseline = dict(layers, landlock=0, seccomp=False)
     dropped = {}
-    for name in ("landlock", "seccomp", "chroot", "setuid"):
+    for name in ("landlock", "seccomp"):
         if not layers[name]:
             continue
-        outcome = probe(baseline | {name: layers[name]})
+        outcome = _probe(zygote, baseline | {name: layers[name]})
         if outcome["status"] != "ok":
             layers[name] = 0 if name == "landlock" else False
             dropped[name] = outcome.get("error")
-    outcome = probe(layers)
+    outcome = _probe(zygote, layers)
     if outcome["status"] != "ok":
-        _send({"event": "failed", "error": outcome.get("error"), "layers": layers})
-        return
-    gc.collect()
-    gc.freeze()
-    spare: _Spare | None = _prefork(layers, worker_pid)
-    _send({"event": "ready", "pid": worker_pid, "layers": layers, "dropped": dropped})
-    stdin = sys.stdin.buffer
-    try:
-        while True:
-            line = stdin.readline()
-            if not line:
-                return
-            try:
-                job = json.loads(line)
-            except ValueError:
-                _send({"event": "done", "status": "error", "error": "bad job", "category": "crash"})
-                continue
-            if spare is None or spare.dead():
-                if spare is not None:
-                    _discard_spare(spare)
-                spare = _prefork(layers, worker_pid)
-            used, spare = spare, None
-            _send(_run_job(job, used))
-            spare = _prefork(layers, worker_pid)
-    finally:
-        if spare is not None:
-            _discard_spare(spare)
+        raise SetupError(f"a confined job child cannot start: {outcome.get('error')}")
+    return dropped
+
+
+def _serve(layers: dict, zygote: _Zygote) -> None:
+    """Answer jobs until the service closes the channel."""
+    channel = _Channel()
+    while True:
+        line = channel.readline()
+        if line is None:
+            return
+        if _is_cancel(line):
+            continue  # a cancel that arrived after its job was done
+        try:
+            job = json.loads(line)
+            if not isinstance(job, dict):
+                raise ValueError("not an object")
+        except ValueError:
+            _send(_BASE | {"status": "error", "error": "bad job", "category": "protocol"})
+            continue
+        spare = zygote.take(layers)
+        zygote.request(layers)  # the next job's child is forked while this one runs
+        _send({"event": "started"})
+        _send(_run_job(job, spare, zygote, channel))
+        if channel.closed:
+            return
 
 
 if __name__ == "__main__":

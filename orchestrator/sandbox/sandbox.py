@@ -2,24 +2,26 @@
 
 Layer 1 (`checker.py`) refuses code that uses anything outside a small allowlist. Layer 2
 is the boundary: `_worker.py` processes, started clean (`python -I -S`, empty
-environment, own session) and kept in a pool; each job runs in a child forked from a
-worker and confined there (see `_worker.py` and README.md in this package). This module
-is the service side: it checks the code, hands jobs to idle workers as JSON lines,
-kills the job's process group at the wall-clock timeout, replaces broken workers and
-logs a `SECURITY_ALERT` for every refusal or kill.
+environment, own session) and kept in a pool. Each worker lives in its own user, pid,
+mount, IPC, UTS and network namespaces; its jobs run in children forked by a zygote
+that never sees a job, inside an empty read-only root, under a seccomp allowlist (see
+`_worker.py` and README.md in this package). This module is the service side: it checks
+the code, hands jobs to idle workers as JSON lines, waits for the worker's answer
+(the worker enforces the job's time limit), replaces broken workers with backoff,
+reports the pool's health and logs a `SECURITY_ALERT` for what only an attack causes.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import ctypes
 import json
 import keyword
 import os
-import shutil
+import platform
 import signal
 import sys
-import tempfile
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -33,6 +35,7 @@ from orchestrator.sandbox.checker import (
     SourceSyntaxError,
     check_source,
 )
+from orchestrator.sandbox.events import limit_reached, security_alert
 
 log = structlog.get_logger(__name__)
 
@@ -40,14 +43,26 @@ Status = Literal["ok", "error", "timeout", "refused"]
 NetworkIsolation = Literal["auto", "netns", "seccomp", "none"]
 
 _WORKER_SCRIPT = Path(__file__).with_name("_worker.py")
-# Time a worker gets to report after its job was killed before it is replaced.
+# Time the worker gets past a job's deadline to report the job killed, before the
+# service gives up on the worker and kills it (and with it everything it started).
 _KILL_GRACE_S = 2.0
 _START_TIMEOUT_S = 30.0
+# Replacing a broken worker is retried until it works: first after this, then twice as
+# long each time, at most _RESPAWN_MAX_S apart.
+_RESPAWN_FIRST_S = 0.1
+_RESPAWN_MAX_S = 30.0
 _MAX_ERROR_CHARS = 2000
 # Sources up to this size are checked inline (well under 1 ms); longer ones in a thread.
 _INLINE_CHECK_CHARS = 4000
-# Categories of errors that are ordinary mistakes of the code, not containment events.
-_QUIET_CATEGORIES = frozenset({None, "syntax_error", "closed"})
+# Outcomes only hostile code (or a broken sandbox) produces: logged as SECURITY_ALERT.
+_ALERT_CATEGORIES = frozenset({"crash", "blocked_syscall", "output_flood", "protocol"})
+# Limits honest code hits too: logged as an ordinary `tool_limit` line.
+_LIMIT_CATEGORIES = frozenset({"timeout", "memory", "recursion", "output_limit", "busy"})
+# What a worker may report; anything else is a protocol violation.
+_WORKER_CATEGORIES = _ALERT_CATEGORIES | _LIMIT_CATEGORIES | {None, "cancelled"}
+# The namespace layer: without all of these the sandbox refuses to start.
+_REQUIRED_LAYERS = ("userns", "pidns", "empty_root")
+PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -63,13 +78,15 @@ class SandboxSettings:
     cpu_s: int = 5  # RLIMIT_CPU of each job process, seconds
     max_output_chars: int = 10_000  # cap on captured stdout and on the JSON result
     max_source_chars: int = 20_000  # longer source is refused before parsing
-    # "auto": a network namespace where permitted, plus sockets refused by seccomp and
-    #         Landlock where available; at least one of the two is required.
-    # "netns": a network namespace is required (root or CAP_SYS_ADMIN); sockets can be
-    #         created but there is no interface to use (loopback is down).
-    # "seccomp": no namespace; socket()/socketpair() fail with EPERM (x86_64) and
+    # Every mode runs jobs in their own user, pid, mount and IPC namespaces; this setting
+    # only decides about the network:
+    # "auto": a network namespace (only a down loopback) plus sockets refused by the
+    #         seccomp allowlist and Landlock TCP rules.
+    # "netns": the network namespace only; sockets can be created but there is no
+    #         interface to use.
+    # "seccomp": no network namespace; socket()/socketpair() kill the job (x86_64) and
     #         Landlock refuses TCP bind/connect (kernel ABI >= 4).
-    # "none": no network isolation at all; only for hosts that can do neither.
+    # "none": jobs share the host's network and may use sockets; logged at start.
     network_isolation: NetworkIsolation = "auto"
 
     def __post_init__(self) -> None:
@@ -108,12 +125,14 @@ class _WorkerLost(Exception):
 
 
 class _Worker:
-    """One worker process and its JSON-lines channel."""
+    """One worker process, its JSON-lines channel and a pidfd of its zygote."""
 
-    def __init__(self, proc: asyncio.subprocess.Process, layers: dict[str, Any]) -> None:
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
         self.proc = proc
-        self.layers = layers
-        self.job_pid: int | None = None
+        self.layers: dict[str, Any] = {}
+        self.ready = False  # started and checked; False again once retired
+        self.retired = False  # being replaced: never handed a job again
+        self.zygote_pidfd: int | None = None
 
     @property
     def alive(self) -> bool:
@@ -134,17 +153,41 @@ class _Worker:
         self.proc.stdin.write(json.dumps(message).encode() + b"\n")
         await self.proc.stdin.drain()
 
-    def kill_job(self) -> None:
-        """SIGKILL the current job's whole process group (the child and anything it made)."""
-        if self.job_pid is not None:
-            with contextlib.suppress(ProcessLookupError, PermissionError):
-                os.killpg(self.job_pid, signal.SIGKILL)
+    def cancel_job(self) -> None:
+        """Ask the worker to stop the job in flight (it answers with the job's 'done')."""
+        if self.alive and self.proc.stdin is not None and not self.proc.stdin.is_closing():
+            with contextlib.suppress(ConnectionError, RuntimeError):
+                self.proc.stdin.write(b'{"cancel": true}\n')
 
     def kill(self) -> None:
-        self.kill_job()
+        """SIGKILL the worker and its zygote: the pid namespace and every job in it die."""
         if self.alive:
             with contextlib.suppress(ProcessLookupError):
                 self.proc.kill()
+        if self.zygote_pidfd is not None:
+            with contextlib.suppress(ProcessLookupError, OSError):
+                signal.pidfd_send_signal(self.zygote_pidfd, signal.SIGKILL)
+
+    async def wait_gone(self, timeout_s: float) -> None:
+        """Wait until the worker and everything in its pid namespace have exited.
+
+        The zygote is the namespace's init: the kernel reports its exit only after it
+        has killed and reaped every other process in the namespace.
+        """
+        with contextlib.suppress(ProcessLookupError, TimeoutError):
+            await asyncio.wait_for(self.proc.wait(), timeout=timeout_s)
+        pidfd, self.zygote_pidfd = self.zygote_pidfd, None  # one waiter closes it
+        if pidfd is None:
+            return
+        loop = asyncio.get_running_loop()
+        gone = loop.create_future()
+        loop.add_reader(pidfd, lambda: gone.done() or gone.set_result(None))
+        try:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(gone, timeout=timeout_s)
+        finally:
+            loop.remove_reader(pidfd)
+            os.close(pidfd)
 
 
 class Sandbox:
@@ -157,26 +200,37 @@ class Sandbox:
     it is an expression, otherwise None.
     """
 
+    # How long past its timeout a run can take at most (the worker's kill and report,
+    # or the service killing an unresponsive worker): callers that put their own
+    # timeout around `run` give it this much more, so that the sandbox's fires first.
+    timeout_grace_s = _KILL_GRACE_S + 0.5
+
     def __init__(
         self,
         settings: SandboxSettings = SandboxSettings(),
         *,
         _ast_check: bool = True,
         _preload: tuple[str, ...] = (),
+        _without: tuple[str, ...] = (),
         _tmp_root: str | None = None,
     ) -> None:
         # The underscore arguments exist for tests of the boundary: they turn off the
-        # static check and the restricted builtins, or pre-import extra modules in the
-        # worker, so that the tests can show the process confinement holds on its own.
+        # static check and the restricted builtins, pre-import extra modules in the
+        # worker, or leave out optional per-job layers ("landlock", "seccomp"), so that
+        # the tests can show what the other layers hold on their own. `_tmp_root` is
+        # accepted for older tests and unused: jobs no longer get a directory at all.
+        del _tmp_root
         self.settings = settings
         self._ast_check = _ast_check
         self._preload = tuple(_preload)
-        self._tmp_root = _tmp_root
+        self._without = tuple(_without)
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
         self._workers: set[_Worker] = set()
-        self._spawning: set[asyncio.Task[None]] = set()
+        self._tasks: set[asyncio.Task[None]] = set()  # replacements and recoveries
+        self._watchers: set[asyncio.Task[None]] = set()  # one per live worker
         self._started = False
         self._closed = False
+        self._restart_failures = 0
         self.layers: dict[str, Any] = {}
 
     # --- lifecycle -----------------------------------------------------------------
@@ -184,6 +238,7 @@ class Sandbox:
     async def start(self) -> None:
         if self._started:
             return
+        undumpable = _make_undumpable()
         workers = await asyncio.gather(
             *(self._spawn() for _ in range(self.settings.workers)), return_exceptions=True
         )
@@ -195,6 +250,7 @@ class Sandbox:
             await self.close()
             raise SandboxUnavailableError(str(failures[0])) from failures[0]
         self._started = True
+        self.layers["service_undumpable"] = undumpable
         log.info(
             "sandbox_started",
             workers=self.settings.workers,
@@ -204,9 +260,10 @@ class Sandbox:
 
     async def close(self) -> None:
         self._closed = True
-        for task in list(self._spawning):
+        tasks = [*self._tasks, *self._watchers]
+        for task in tasks:
             task.cancel()
-        for task in list(self._spawning):
+        for task in tasks:
             with contextlib.suppress(BaseException):
                 await task
         await asyncio.gather(
@@ -221,6 +278,28 @@ class Sandbox:
     async def __aexit__(self, *exc_info: object) -> None:
         await self.close()
 
+    # --- health --------------------------------------------------------------------
+
+    @property
+    def live_workers(self) -> int:
+        """Workers started, checked and not being replaced."""
+        return sum(1 for worker in self._workers if worker.ready and worker.alive)
+
+    @property
+    def healthy(self) -> bool:
+        """Started, not closed, and every configured worker is live."""
+        return self._started and not self._closed and self.live_workers >= self.settings.workers
+
+    def health(self) -> dict[str, Any]:
+        return {
+            "healthy": self.healthy,
+            "workers": self.live_workers,
+            "configured": self.settings.workers,
+            "restart_failures": self._restart_failures,
+        }
+
+    # --- workers -------------------------------------------------------------------
+
     def _worker_config(self) -> dict[str, Any]:
         return {
             "parent_pid": os.getpid(),
@@ -232,7 +311,7 @@ class Sandbox:
             "hidden_names": sorted(REFLECTIVE_FUNCTIONS),
             "preload": list(self._preload),
             "restricted": self._ast_check,
-            "tmp_root": self._tmp_root or tempfile.gettempdir(),
+            "without": list(self._without),
         }
 
     async def _spawn(self) -> _Worker:
@@ -252,95 +331,139 @@ class Sandbox:
             start_new_session=True,
             limit=limit,
         )
-        worker = _Worker(proc, {})
+        worker = _Worker(proc)
         self._workers.add(worker)
         try:
             async with asyncio.timeout(_START_TIMEOUT_S):
                 message = await worker.read_message()
+            if message.get("event") == "failed":
+                raise SandboxUnavailableError(
+                    f"the sandbox cannot isolate jobs here: {message.get('error')}"
+                )
             if message.get("event") != "ready":
                 raise SandboxUnavailableError(f"sandbox worker failed to start: {message}")
             layers = dict(message.get("layers") or {})
             if message.get("dropped"):
                 log.warning("sandbox_layers_unavailable", dropped=message["dropped"])
             self._check_isolation(layers)
+            worker.zygote_pidfd = os.pidfd_open(int(message["zygote_pid"]))
         except BaseException as exc:
             await self._discard(worker)
-            if isinstance(exc, ConnectionError | TimeoutError | ValueError):
+            if isinstance(exc, ConnectionError | TimeoutError | ValueError | KeyError | OSError):
                 raise SandboxUnavailableError(f"sandbox worker failed to start: {exc}") from exc
             raise
         worker.layers = layers
-        self.layers = layers
+        worker.ready = True
+        self.layers = dict(self.layers, **layers)
+        self._track(self._watch(worker), self._watchers)
         return worker
 
     def _check_isolation(self, layers: dict[str, Any]) -> None:
+        missing = [name for name in _REQUIRED_LAYERS if not layers.get(name)]
+        if missing:
+            raise SandboxUnavailableError(
+                f"the sandbox worker lacks the isolation layers {', '.join(missing)}; "
+                "refusing to run jobs without them"
+            )
+        seccomp_wanted = "seccomp" not in self._without  # only tests leave it out
+        if platform.machine() == "x86_64" and seccomp_wanted and not layers.get("seccomp"):
+            raise SandboxUnavailableError(
+                "the sandbox's seccomp allowlist could not be installed; refusing to run jobs"
+            )
         mode = self.settings.network_isolation
         sockets_blocked = bool(layers.get("block_sockets")) and bool(layers.get("seccomp"))
         if mode == "netns" and not layers.get("netns"):
-            raise SandboxUnavailableError(
-                "network_isolation=netns needs root or CAP_SYS_ADMIN to unshare a network namespace"
-            )
+            raise SandboxUnavailableError("network_isolation=netns: no network namespace")
         if mode == "seccomp" and not sockets_blocked:
             raise SandboxUnavailableError(
                 "network_isolation=seccomp needs seccomp filters on x86_64 Linux"
             )
         if mode == "auto" and not (layers.get("netns") or sockets_blocked):
-            raise SandboxUnavailableError(
-                "no network isolation is possible here (no network namespace, no seccomp); "
-                "set network_isolation=none to run without it"
-            )
+            raise SandboxUnavailableError("no network isolation is possible here")
         if mode == "none":
             log.warning("sandbox_without_network_isolation", layers=layers)
-        if not layers.get("chroot") and not layers.get("landlock"):
-            # Neither chroot (root) nor Landlock (Linux >= 5.13): job code can read every
-            # file the service's user can read. Writes stay blocked (RLIMIT_FSIZE, seccomp).
-            log.warning("sandbox_filesystem_readable", layers=layers)
+        if not layers.get("landlock"):
+            # The empty root (mount namespace) still keeps every file out of reach.
+            log.warning("sandbox_landlock_unavailable", layers=layers)
+
+    async def _watch(self, worker: _Worker) -> None:
+        """Replace a worker as soon as it dies, even while no job is asking for one."""
+        await worker.proc.wait()
+        if not self._closed:
+            self._replace(worker)
+
+    def _track(self, coro: Any, tasks: set[asyncio.Task[None]] | None = None) -> None:
+        tasks = self._tasks if tasks is None else tasks
+        task = asyncio.get_running_loop().create_task(coro)
+        tasks.add(task)
+        task.add_done_callback(tasks.discard)
 
     async def _discard(self, worker: _Worker, *, graceful: bool = False) -> None:
-        """Stop a worker and everything under it, and remove its job directories.
+        """Stop a worker and everything under it.
 
-        Graceful: kill the job in flight, close the worker's stdin so that it discards
-        its spare child and exits, and kill it only if it does not within a second.
+        Graceful: close the worker's stdin, so that it stops the job in flight and exits,
+        and kill it only if it does not within a second. Either way this returns once the
+        worker and every process of its pid namespace are gone.
         """
         self._workers.discard(worker)
-        worker.kill_job()
+        worker.ready = False
+        worker.retired = True
         if graceful and worker.alive and worker.proc.stdin is not None:
             worker.proc.stdin.close()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.proc.wait(), timeout=1.0)
         worker.kill()
-        with contextlib.suppress(ProcessLookupError, TimeoutError):
-            await asyncio.wait_for(worker.proc.wait(), timeout=5.0)
+        await worker.wait_gone(5.0)
         if worker.proc.stdin is not None:
             worker.proc.stdin.close()
-        # A killed worker cannot remove the directories of its children; they are named
-        # after it (job-<worker pid>-...), and its children die with it (PDEATHSIG).
-        self._remove_job_dirs(worker.proc.pid)
-
-    def _remove_job_dirs(self, worker_pid: int) -> None:
-        root = Path(self._tmp_root or tempfile.gettempdir())
-        for leftover in root.glob(f"job-{worker_pid}-*"):
-            shutil.rmtree(leftover, ignore_errors=True)
 
     def _replace(self, worker: _Worker) -> None:
-        """Kill a broken worker and start another in the background."""
+        """Kill a broken worker and start another in the background, until one starts."""
+        if worker.retired:
+            return
+        worker.retired = True
+        worker.ready = False
 
         async def replace() -> None:
             await self._discard(worker)
-            if self._closed:
+            delay = _RESPAWN_FIRST_S
+            while not self._closed:
+                try:
+                    fresh = await self._spawn()
+                except Exception as exc:
+                    self._restart_failures += 1
+                    log.error(
+                        "sandbox_worker_restart_failed",
+                        error=str(exc),
+                        retry_in_s=delay,
+                        workers=self.live_workers,
+                        configured=self.settings.workers,
+                    )
+                    await asyncio.sleep(delay)
+                    delay = min(delay * 2, _RESPAWN_MAX_S)
+                    continue
+                self._restart_failures = 0
+                if self._closed:
+                    await self._discard(fresh)
+                else:
+                    self._idle.put_nowait(fresh)
                 return
-            try:
-                fresh = await self._spawn()
-            except Exception as exc:
-                log.error("sandbox_worker_restart_failed", error=str(exc))
-                return
-            if self._closed:
-                await self._discard(fresh)
-            else:
-                self._idle.put_nowait(fresh)
 
-        task = asyncio.get_running_loop().create_task(replace())
-        self._spawning.add(task)
-        task.add_done_callback(self._spawning.discard)
+        self._track(replace())
+
+    async def _recover(self, worker: _Worker) -> None:
+        """After a cancelled run: wait for the job's 'done', then reuse the worker."""
+        try:
+            async with asyncio.timeout(_KILL_GRACE_S):
+                while (await worker.read_message()).get("event") != "done":
+                    pass
+        except (TimeoutError, ConnectionError, ValueError, OSError):
+            self._replace(worker)
+            return
+        if worker.alive and not worker.retired and not self._closed:
+            self._idle.put_nowait(worker)
+        else:
+            self._replace(worker)
 
     # --- running code --------------------------------------------------------------
 
@@ -356,14 +479,11 @@ class Sandbox:
             category=result.category,
             latency_ms=round(latency_ms, 3),
         )
-        if result.status in ("refused", "timeout") or result.category not in _QUIET_CATEGORIES:
-            log.warning(
-                "SECURITY_ALERT",
-                category=result.category,
-                detail=result.error,
-                status=result.status,
-                tool="python",
-            )
+        report = {"tool": "python", "status": result.status, "detail": result.error}
+        if result.status == "refused" or result.category in _ALERT_CATEGORIES:
+            security_alert(log, category=result.category or "refused", **report)
+        elif result.category in _LIMIT_CATEGORIES:
+            limit_reached(log, category=result.category, **report)
         return result
 
     async def _run(self, code: str, values: dict[str, Any], timeout_s: float) -> SandboxResult:
@@ -407,7 +527,7 @@ class Sandbox:
             try:
                 async with asyncio.timeout_at(_loop_time(deadline)):
                     worker = await self._idle.get()
-                    while not worker.alive:
+                    while not worker.alive or worker.retired:
                         self._replace(worker)
                         worker = await self._idle.get()
             except TimeoutError:
@@ -416,6 +536,7 @@ class Sandbox:
                 return await self._execute(worker, json.loads(job), deadline)
             except _WorkerLost:
                 # The worker died before it took the job (nothing ran): try another one.
+                self._replace(worker)
                 continue
         return SandboxResult("error", error="sandbox workers keep failing", category="crash")
 
@@ -423,63 +544,81 @@ class Sandbox:
         self, worker: _Worker, job: dict[str, Any], deadline: float
     ) -> SandboxResult:
         job["timeout_s"] = max(deadline - time.monotonic(), 0.001)
-        healthy = False
         try:
-            try:
-                await worker.send(job)
+            # The worker kills the job at the deadline and says so; past the grace the
+            # worker itself is stuck, and killing it kills the job with it.
+            async with asyncio.timeout_at(_loop_time(deadline + _KILL_GRACE_S)):
+                try:
+                    await worker.send(job)
+                    message = await worker.read_message()
+                except (ConnectionError, OSError) as exc:
+                    raise _WorkerLost from exc
+                if message.get("event") != "started":
+                    raise ConnectionError(f"unexpected worker message {message.get('event')}")
                 message = await worker.read_message()
-            except (ConnectionError, OSError) as exc:
-                raise _WorkerLost from exc
-            if message.get("event") != "started":
-                raise ConnectionError(f"unexpected worker message {message.get('event')}")
-            worker.job_pid = int(message["pid"])
-            timed_out = False
-            try:
-                async with asyncio.timeout_at(_loop_time(deadline)):
-                    message = await worker.read_message()
-            except TimeoutError:
-                # The wall-clock kill: the whole process group of the job.
-                timed_out = True
-                worker.kill_job()
-                async with asyncio.timeout(_KILL_GRACE_S):
-                    message = await worker.read_message()
             if message.get("event") != "done":
                 raise ConnectionError(f"unexpected worker message {message.get('event')}")
-            healthy = True
         except asyncio.CancelledError:
-            worker.kill_job()
+            worker.cancel_job()
+            self._track(self._recover(worker))
             raise
         except (ConnectionError, TimeoutError, ValueError, KeyError, OSError) as exc:
-            return SandboxResult(
-                "error", error=f"sandbox worker failed: {type(exc).__name__}", category="crash"
-            )
-        finally:
-            worker.job_pid = None
-            if healthy and worker.alive and not self._closed:
-                self._idle.put_nowait(worker)
-            else:
-                self._replace(worker)
-        if self._closed:
-            return SandboxResult("error", error="the sandbox was closed", category="closed")
-        if timed_out:
-            return SandboxResult("timeout", error="wall-clock timeout", category="timeout")
-        reported = message.get("status")
-        status: Status = reported if reported in ("ok", "error", "timeout") else "error"
-        stdout = str(message.get("stdout") or "")[: self.settings.max_output_chars]
-        error = message.get("error")
-        error = None if error is None else str(error)[:_MAX_ERROR_CHARS]
-        category = message.get("category")
-        category = None if category is None else str(category)[:40]
-        result = message.get("result") if status == "ok" else None
-        if status == "ok" and len(json.dumps(result)) > self.settings.max_output_chars:
-            # The child checks this too; this holds even for a child that lies.
+            if self._closed:  # close() is stopping every worker
+                return SandboxResult("error", error="the sandbox was closed", category="closed")
+            self._replace(worker)
+            reason = "did not answer" if isinstance(exc, TimeoutError) else "failed"
             return SandboxResult(
                 "error",
-                stdout=stdout,
-                error="result exceeds the output cap",
-                category="output_limit",
+                error=f"sandbox worker {reason}: {type(exc).__name__}",
+                category="crash",
+            )
+        if self._closed:
+            return SandboxResult("error", error="the sandbox was closed", category="closed")
+        if worker.alive and not worker.retired:
+            self._idle.put_nowait(worker)
+        else:
+            self._replace(worker)
+        return self._result(message)
+
+    def _result(self, message: dict[str, Any]) -> SandboxResult:
+        """The worker's 'done' message as a result; whatever breaks protocol is refused."""
+        status = message.get("status")
+        category = message.get("category")
+        stdout = message.get("stdout") or ""
+        error = message.get("error")
+        if (
+            status not in ("ok", "error", "timeout")
+            or category not in _WORKER_CATEGORIES
+            or not isinstance(stdout, str)
+        ):
+            return SandboxResult(
+                "error", error="the sandbox worker broke protocol", category="protocol"
+            )
+        error = None if error is None else str(error)[:_MAX_ERROR_CHARS]
+        result = message.get("result") if status == "ok" else None
+        if (
+            len(stdout) > self.settings.max_output_chars
+            or len(json.dumps(result)) > self.settings.max_output_chars
+        ):
+            # The worker checks this too; this holds even for a worker that lies.
+            return SandboxResult(
+                "error", error="result exceeds the output cap", category="output_flood"
             )
         return SandboxResult(status, result, stdout, error, category)
+
+
+def _make_undumpable() -> bool:
+    """PR_SET_DUMPABLE 0 for the service process (defence in depth).
+
+    Other processes of the service's uid (as a job would be, were it ever to reach the
+    host's /proc) then cannot read its /proc/<pid>/environ or memory, nor ptrace it.
+    """
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+    except OSError:
+        return False
+    libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0)
+    return libc.prctl(PR_GET_DUMPABLE, 0, 0, 0, 0) == 0
 
 
 def _valid_value_name(name: object) -> bool:

@@ -33,6 +33,15 @@ def process_table() -> dict[int, tuple[int, str, int]]:
     return table
 
 
+def proc_state(pid: int) -> str:
+    """The state letter of a process (R, S, Z, ...), or "gone"."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return "gone"
+    return stat[stat.rindex(")") + 2]
+
+
 def descendants(root_pid: int) -> set[int]:
     """Every process below `root_pid` (zombies included: they still hold their pid)."""
     table = process_table()
@@ -44,40 +53,46 @@ def descendants(root_pid: int) -> set[int]:
     return found
 
 
-def leftover_files(directory: Path) -> list[str]:
-    return sorted(os.listdir(directory))
+def host_uid_of_jobs() -> int:
+    """The uid job processes have on the host: 65534 for a root service, else its own."""
+    return 65534 if os.geteuid() == 0 else os.geteuid()
 
 
-async def assert_clean(sandbox: Sandbox, tmp_root: Path) -> None:
-    """The sandbox still answers, and no job directory or process was left behind.
+async def assert_clean(sandbox: Sandbox, tmp_root: Path | None = None) -> None:
+    """The sandbox still answers, and no process (or file in `tmp_root`) was left behind.
 
-    Each worker keeps exactly one spare child, forked and confined ahead of its job and
-    blocked reading it, with its own empty job directory. Anything beyond that (a second
-    child of a worker, a grandchild, an extra directory, a non-empty one) is a leak.
+    Each worker has exactly one child, its zygote (pid 1 of the worker's pid namespace),
+    and each zygote exactly one child: the spare for the next job, forked and confined
+    ahead of it and blocked reading it. Anything beyond that (a second child, a
+    grandchild, a job still running after its answer) is a leak.
     """
     answer = await sandbox.run("1+1", {}, 10.0)
     assert answer.status == "ok", answer
     assert answer.result == 2
     workers = {worker.proc.pid for worker in sandbox._workers}
     assert len(workers) == sandbox.settings.workers
-    for _ in range(100):  # the spares are forked right after each job's answer
+    for _ in range(100):  # the next spare is forked while the job runs
         table = process_table()
-        spares = {pid for pid, (ppid, _, _) in table.items() if ppid in workers}
+        zygotes = {pid for pid, (ppid, _, _) in table.items() if ppid in workers}
+        spares = {pid for pid, (ppid, _, _) in table.items() if ppid in zygotes}
         settled = all(table[pid][1] == "S" for pid in spares)
-        if not sandbox._spawning and len(spares) == len(workers) and settled:
+        if not sandbox._tasks and len(spares) == len(workers) and settled:
             break
         await asyncio.sleep(0.02)
-    assert descendants(os.getpid()) == workers | spares, "a process was left behind"
-    assert sorted(table[pid][0] for pid in spares) == sorted(workers), "one spare per worker"
+    assert descendants(os.getpid()) == workers | zygotes | spares, "a process was left behind"
+    assert sorted(table[pid][0] for pid in zygotes) == sorted(workers), "one zygote per worker"
+    assert sorted(table[pid][0] for pid in spares) == sorted(zygotes), "one spare per zygote"
     for pid in spares:
         _, state, uid = table[pid]
         assert state == "S", f"spare {pid} is {state}, not blocked on its job pipe"
-        if os.geteuid() == 0:
-            assert uid == 65534
-    entries = leftover_files(tmp_root)
-    assert len(entries) == len(workers), f"job directories left behind: {entries}"
-    for entry in entries:
-        assert leftover_files(tmp_root / entry) == [], f"files left in {entry}"
+        assert uid == host_uid_of_jobs()
+    if tmp_root is not None:  # jobs cannot create files anywhere, this directory included
+        assert os.listdir(tmp_root) == []
+
+
+@pytest.fixture
+def job_uid() -> int:
+    return host_uid_of_jobs()
 
 
 @pytest.fixture(scope="module")
@@ -86,9 +101,9 @@ def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
+async def sandbox() -> AsyncIterator[Sandbox]:
     """The sandbox as the service runs it: static check on, restricted builtins."""
-    sb = Sandbox(TEST_SETTINGS, _tmp_root=str(tmp_root))
+    sb = Sandbox(TEST_SETTINGS)
     await sb.start()
     try:
         yield sb
@@ -98,7 +113,7 @@ async def sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
-async def raw_sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
+async def raw_sandbox() -> AsyncIterator[Sandbox]:
     """Static check and restricted builtins OFF, dangerous modules pre-imported.
 
     Whatever these tests stop is stopped by the process boundary alone.
@@ -107,7 +122,6 @@ async def raw_sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
         TEST_SETTINGS,
         _ast_check=False,
         _preload=("socket", "ctypes", "subprocess", "pickle", "marshal", "threading"),
-        _tmp_root=str(tmp_root),
     )
     await sb.start()
     try:
@@ -118,6 +132,18 @@ async def raw_sandbox(tmp_root: Path) -> AsyncIterator[Sandbox]:
 
 
 @pytest.fixture
+def process_tree() -> object:
+    """`process_tree(pid)`: every process below `pid` (see `descendants`)."""
+    return descendants
+
+
+@pytest.fixture
+def state_of() -> object:
+    """`state_of(pid)`: the state letter of a process, or "gone" (see `proc_state`)."""
+    return proc_state
+
+
+@pytest.fixture
 def check_clean() -> object:
-    """`await check_clean(sandbox, tmp_root)` after each attempt (see `assert_clean`)."""
+    """`await check_clean(sandbox)` after each attempt (see `assert_clean`)."""
     return assert_clean

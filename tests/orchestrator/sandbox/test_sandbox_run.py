@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -169,16 +168,38 @@ async def test_bad_values_are_refused(sandbox: Sandbox) -> None:
     assert outcome.status == "error" and outcome.category == "bad_input"
 
 
+# The one shape of both log lines (services/logging.py renders them as ECS JSON).
+LOG_SHAPE = {
+    "event", "log_level", "event.action", "event.kind", "labels.category", "labels.tool",
+    "labels.status", "error.message",
+}  # fmt: skip
+
+
 @pytest.mark.integration
-async def test_security_alerts_are_logged(sandbox: Sandbox) -> None:
+async def test_alerts_only_for_attempts_limits_logged_apart(sandbox: Sandbox) -> None:
     with capture_logs() as logs:
-        await sandbox.run("().__class__", {}, 5.0)
+        await sandbox.run("().__class__", {}, 5.0)  # refused by the static check
         await sandbox.run("while True:\n    pass", {}, 0.2)
+        await sandbox.run("bytearray(10**10)", {}, 5.0)
+        await sandbox.run("def f(n):\n    return f(n + 1)\nf(0)", {}, 5.0)
+        await sandbox.run("print('x' * 20000)", {}, 5.0)
         await sandbox.run("1 + 1", {}, 5.0)
         await sandbox.run("1 / 0", {}, 5.0)
     alerts = [entry for entry in logs if entry["event"] == "SECURITY_ALERT"]
-    assert [alert["category"] for alert in alerts] == ["dunder_access", "timeout"]
-    assert all(alert["log_level"] == "warning" and alert["detail"] for alert in alerts)
+    limits = [entry for entry in logs if entry["event"] == "tool_limit"]
+    assert [alert["labels.category"] for alert in alerts] == ["dunder_access"]
+    assert [limit["labels.category"] for limit in limits] == [
+        "timeout", "memory", "recursion", "output_limit"
+    ]  # fmt: skip
+    assert len(logs) == len(alerts) + len(limits), logs
+    for entry in alerts:
+        assert entry["log_level"] == "warning" and entry["event.kind"] == "alert"
+    for entry in limits:
+        assert entry["log_level"] == "info" and entry["event.kind"] == "event"
+    for entry in alerts + limits:
+        assert set(entry) == LOG_SHAPE, entry
+        assert entry["event.action"] == entry["event"]
+        assert entry["labels.tool"] == "python" and entry["error.message"]
 
 
 @pytest.mark.integration
@@ -188,37 +209,29 @@ async def test_concurrent_runs_share_the_pool(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.integration
-async def test_killed_worker_is_replaced(
-    sandbox: Sandbox, tmp_root: Path, check_clean: Any
-) -> None:
+async def test_killed_worker_is_replaced(sandbox: Sandbox, check_clean: Any) -> None:
     victim = next(iter(sandbox._workers))
     os.kill(victim.proc.pid, signal.SIGKILL)
     await victim.proc.wait()
     outcomes = await asyncio.gather(*(sandbox.run("21 * 2", {}, 10.0) for _ in range(4)))
     assert all(o.result == 42 for o in outcomes), outcomes
     assert victim not in sandbox._workers
-    await check_clean(sandbox, tmp_root)
+    await check_clean(sandbox)
 
 
 @pytest.mark.integration
-async def test_close_leaves_nothing_behind(tmp_path: Path) -> None:
-    sb = Sandbox(SandboxSettings(workers=2), _tmp_root=str(tmp_path))
+async def test_close_leaves_nothing_behind(process_tree: Any, state_of: Any) -> None:
+    sb = Sandbox(SandboxSettings(workers=2))
     await sb.start()
-    pids = [w.proc.pid for w in sb._workers]
     slow = asyncio.create_task(sb.run("while True:\n    pass", {}, 30.0))
     await asyncio.sleep(0.3)
+    workers = {w.proc.pid for w in sb._workers}
+    tree = workers.union(*(process_tree(pid) for pid in workers))
+    # Two workers, their zygotes, a spare each and the running job.
+    assert len(tree) == 7, tree
     await sb.close()
     outcome = await asyncio.wait_for(slow, 5.0)
     assert outcome.status == "error" and outcome.category == "closed", outcome
-    for pid in pids:
-        assert _proc_state(pid) == "gone"
+    assert {pid for pid in tree if state_of(pid) != "gone"} == set()
     with pytest.raises(SandboxUnavailableError):
         await sb.run("1", {}, 1.0)
-
-
-def _proc_state(pid: int) -> str:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return "gone"
-    return stat[stat.rindex(")") + 2]
