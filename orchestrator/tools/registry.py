@@ -21,6 +21,7 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from orchestrator.cache import Cache, make_key, normalize_text
+from orchestrator.sandbox.events import security_alert
 from orchestrator.tools.base import ToolContext, ToolError, ToolFn, ToolRefused
 from services.schemas import StepSource, StepStatus, ToolRunResult, ToolSpec
 
@@ -90,6 +91,18 @@ class ToolRegistry:
 
     def specs(self) -> list[ToolSpec]:
         return [t.spec for t in self._tools.values()]
+
+    def health(self) -> tuple[bool, str]:
+        """Readiness of the tools whose implementation reports it (`fn.health()`)."""
+        ready, parts = True, []
+        for tool in self._tools.values():
+            check = getattr(tool.fn, "health", None)
+            if check is None:
+                continue
+            tool_ready, detail = check()
+            ready = ready and tool_ready
+            parts.append(f"{tool.name}: {detail}")
+        return ready, "; ".join(parts) or "no tool reports its health"
 
     def _cache_key(self, tool: Tool, text: str, ctx: ToolContext) -> str:
         values = {k: ctx.values[k] for k in sorted(ctx.values)} if ctx.values else None
@@ -188,20 +201,20 @@ class ToolRegistry:
         self, tool: Tool, text: str, ctx: ToolContext, timeout_s: float
     ) -> tuple[str, str | None, Any]:
         call_ctx = ToolContext(ctx.trace_id, ctx.tenant, ctx.values, timeout_s)
+        # A tool that enforces `ctx.timeout_s` itself (the sandbox kills its job, says so
+        # and keeps its worker) gets this much longer, so that its own timeout fires first.
+        grace_s = float(getattr(tool.fn, "timeout_grace_s", 0.0))
+        deadline = asyncio.timeout(timeout_s + grace_s)
         try:
-            async with asyncio.timeout(timeout_s):
+            async with deadline:
                 value = await tool.fn(text, call_ctx)
-        except TimeoutError:
-            return "timeout", f"no result within {timeout_s:.3g}s", None
+        except TimeoutError as exc:
+            if deadline.expired() or not str(exc):
+                return "timeout", f"no result within {timeout_s:.3g}s", None
+            return "timeout", str(exc), None  # the tool's own timeout, with its reason
         except ToolRefused as exc:
-            log.warning(
-                "SECURITY_ALERT",
-                **{
-                    "event.action": f"tool.{tool.name}.refused",
-                    "labels.category": exc.category,
-                    "labels.tool": tool.name,
-                    "error.message": str(exc)[:500],
-                },
+            security_alert(
+                log, category=exc.category, tool=tool.name, status="refused", detail=str(exc)
             )
             return "refused", str(exc), None
         except ToolError as exc:

@@ -6,11 +6,15 @@ import asyncio
 from typing import Any
 
 import pytest
+from structlog.testing import capture_logs
 
 from orchestrator.cache import MemoryCache
+from orchestrator.sandbox import Sandbox, SandboxSettings
 from orchestrator.tools.base import ToolContext, ToolError, ToolRefused
+from orchestrator.tools.python import PythonTool
 from orchestrator.tools.registry import Tool, ToolRegistry
 from services.schemas import ToolSpec
+from services.toolspecs import PYTHON
 
 pytestmark = [pytest.mark.unit]
 
@@ -118,3 +122,69 @@ async def test_step_timeout_is_bounded_by_the_request_budget() -> None:
     primary.mode = "hang"
     r = (await reg.run("io", "q", ToolContext(timeout_s=0.05))).result
     assert r.status == "timeout" and r.latency_ms < 500
+
+
+# The shape of every SECURITY_ALERT, whichever layer logs it (orchestrator/sandbox/events.py).
+ALERT_SHAPE = {
+    "event", "log_level", "event.action", "event.kind", "labels.category", "labels.tool",
+    "labels.status", "error.message",
+}  # fmt: skip
+
+
+async def test_a_refusal_logs_one_alert_in_the_shared_shape() -> None:
+    async def refuse(text: str, ctx: ToolContext) -> Any:
+        raise ToolRefused("writes are not allowed", category="sql_write")
+
+    reg = ToolRegistry(None)
+    reg.register(Tool(ToolSpec(name="guarded", description="d", input_format="f"), refuse, 1))
+    with capture_logs() as logs:
+        await reg.run("guarded", "DROP TABLE x", CTX)
+    (alert,) = [entry for entry in logs if entry["event"] == "SECURITY_ALERT"]
+    assert set(alert) == ALERT_SHAPE, alert
+    assert alert["event.action"] == "SECURITY_ALERT" and alert["event.kind"] == "alert"
+    assert (alert["labels.category"], alert["labels.tool"]) == ("sql_write", "guarded")
+    assert alert["labels.status"] == "refused" and alert["log_level"] == "warning"
+    assert alert["error.message"] == "writes are not allowed"
+
+
+async def test_a_tool_that_times_itself_gets_its_grace() -> None:
+    """The registry waits `fn.timeout_grace_s` past the step's timeout for the tool's own."""
+
+    class SelfTimed:
+        timeout_grace_s = 0.5
+
+        async def __call__(self, text: str, ctx: ToolContext) -> Any:
+            await asyncio.sleep(ctx.timeout_s + 0.1)  # its own limit, a little late
+            raise TimeoutError("the tool's own timeout")
+
+    reg = ToolRegistry(None)
+    reg.register(Tool(ToolSpec(name="timed", description="d", input_format="f"), SelfTimed(), 0.1))
+    r = (await reg.run("timed", "x", CTX)).result
+    assert r.status == "timeout" and r.error == "the tool's own timeout", r
+
+
+@pytest.mark.integration
+@pytest.mark.security
+async def test_python_timeout_at_the_registry_is_the_sandboxs_own() -> None:
+    """A spinning job: timeout status, one ordinary limit line, no alert, same worker."""
+    sandbox = Sandbox(SandboxSettings(workers=1))
+    await sandbox.start()
+    try:
+        reg = ToolRegistry(None)
+        reg.register(Tool(PYTHON, PythonTool(sandbox), timeout_s=0.5))
+        worker_pids = {worker.proc.pid for worker in sandbox._workers}
+        with capture_logs() as logs:
+            r = (await reg.run("python", "while True:\n    pass", CTX)).result
+        assert r.status == "timeout", r
+        assert r.error == "wall-clock timeout" and 450 < r.latency_ms < 1500, r
+        events = [entry["event"] for entry in logs]
+        assert events.count("tool_limit") == 1 and "SECURITY_ALERT" not in events, logs
+        (limit,) = [entry for entry in logs if entry["event"] == "tool_limit"]
+        assert limit["labels.category"] == "timeout"
+        # The sandbox killed the job and kept its worker: nothing was replaced.
+        assert not sandbox._tasks
+        assert {worker.proc.pid for worker in sandbox._workers} == worker_pids
+        assert sandbox.healthy
+        assert (await reg.run("python", "6 * 7", CTX)).result.output == "42"
+    finally:
+        await sandbox.close()
