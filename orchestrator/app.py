@@ -82,11 +82,14 @@ def create_app(
         except httpx.HTTPError:
             planner_ok = False
         cache_ok = await state["cache"].ping()
+        # The tools that report health (the python tool: every sandbox worker live).
+        tools_ok, tools_reason = state["registry"].health()
         reason = (
             f"planner {'ready' if planner_ok else 'unreachable'}; "
-            f"cache {state['cache'].kind} {'ok' if cache_ok else 'down (serving without)'}"
+            f"cache {state['cache'].kind} {'ok' if cache_ok else 'down (serving without)'}; "
+            f"{tools_reason}"
         )
-        return planner_ok, reason
+        return planner_ok and tools_ok, reason
 
     app = create_service_app(
         name="orchestrator",
