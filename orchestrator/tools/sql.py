@@ -31,7 +31,8 @@ Three independent defences, each enough on its own for writes:
    read-only connection each time and are stopped by a progress handler at the deadline.
 
 Results: a single value is answered as that value; otherwise a JSON list of row objects,
-or `{"rows": [...], "truncated": true, "row_limit": N}` when there were more rows.
+or `{"rows": [...], "truncated": true, "row_limit": N}` when there were more rows, with
+`"output_limit": C` added when rows were left out (or cells cut) to fit C characters.
 """
 
 from __future__ import annotations
@@ -495,10 +496,13 @@ def _json_rows(texts: Sequence[str]) -> tuple[list[str], list[list[Any]]]:
                 f"a result row is longer than {MAX_ROW_CHARS} characters; select fewer or "
                 "shorter columns"
             )
-        pairs = json.loads(text, parse_float=Decimal, object_pairs_hook=_Pairs)
-        if not columns:
-            columns = _unique([key for key, _ in pairs])
-        rows.append([_plain(value) for _, value in pairs])
+        try:
+            pairs = json.loads(text, parse_float=Decimal, object_pairs_hook=_Pairs)
+            if not columns:
+                columns = _unique([key for key, _ in pairs])
+            rows.append([_plain(value) for _, value in pairs])
+        except RecursionError as exc:  # e.g. '[[[[...]]]]'::json, thousands deep
+            raise ToolError("a result value is nested too deeply to show") from exc
     return columns, rows
 
 
@@ -514,30 +518,79 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def render_rows(columns: Sequence[str], rows: Sequence[Sequence[Any]], max_rows: int) -> str:
-    """A single value as itself; otherwise JSON rows, marked when truncated."""
-    truncated = len(rows) > max_rows
+def _cell(value: Any) -> Any:
+    """A cell as a JSON value of bounded size: long text cut, marked with an ellipsis;
+    a long array or object becomes its JSON text, cut and marked the same way."""
+    plain = _json_value(value)
+    if isinstance(plain, list | dict):
+        text = json.dumps(plain, ensure_ascii=False)
+        if len(text) > MAX_CELL_CHARS:
+            return text[:MAX_CELL_CHARS] + "…"
+    return plain
+
+
+def _cut_cell(value: Any, chars: int) -> Any:
+    if isinstance(value, str):
+        return value if len(value) <= chars else value[:chars] + "…"
+    text = json.dumps(value, ensure_ascii=False)
+    return value if len(text) <= chars else text[:chars] + "…"
+
+
+def render_rows(
+    columns: Sequence[str],
+    rows: Sequence[Sequence[Any]],
+    max_rows: int,
+    *,
+    max_chars: int = MAX_OUTPUT_CHARS,
+) -> str:
+    """A single value as itself; otherwise JSON rows, marked when truncated.
+
+    One pass: each row is serialised once and appended while it fits in `max_chars`
+    (with room kept for the truncation marker). `{"rows": [...], "truncated": true,
+    "row_limit": N}` says there were more than N rows; `"output_limit": C` is added
+    when rows were left out (or the one row shown has its cells cut) to stay within C
+    characters. Cells longer than MAX_CELL_CHARS end in "…".
+    """
+    more_rows = len(rows) > max_rows
     rows = rows[:max_rows]
-    if len(rows) == 1 and len(columns) == 1 and not truncated:
-        value = _json_value(rows[0][0])
+    if len(rows) == 1 and len(columns) == 1 and not more_rows:
+        raw = rows[0][0]
+        value = _json_value(raw)
         if isinstance(value, str):
             return value
-        if isinstance(rows[0][0], Decimal) and rows[0][0].is_finite():
-            return format(rows[0][0].normalize(), "f")
-        return json.dumps(value, ensure_ascii=False)
+        if isinstance(raw, Decimal) and raw.is_finite():
+            return format(raw.normalize(), "f")
+        text = json.dumps(value, ensure_ascii=False)
+        return text if len(text) <= max_chars else text[: max_chars - 1] + "…"
     keys = _unique(list(columns))
-    objects = [dict(zip(keys, (_json_value(v) for v in row), strict=False)) for row in rows]
-    while True:
-        if truncated:
-            text = json.dumps(
-                {"rows": objects, "truncated": True, "row_limit": max_rows}, ensure_ascii=False
-            )
-        else:
-            text = json.dumps(objects, ensure_ascii=False)
-        if len(text) <= MAX_OUTPUT_CHARS or not objects:
-            return text
-        objects = objects[: max(len(objects) * 3 // 4, len(objects) - 1, 0)]
-        truncated = True
+    marker = f', "truncated": true, "row_limit": {max_rows}, "output_limit": {max_chars}}}'
+    budget = max_chars - len('{"rows": [') - len("]") - len(marker)
+    pieces: list[str] = []
+    used = 0
+    cut = False
+    for row in rows:
+        cells = [_cell(v) for v in row]
+        piece = json.dumps(dict(zip(keys, cells, strict=False)), ensure_ascii=False)
+        extra = len(piece) + (2 if pieces else 0)
+        if used + extra > budget:
+            cut = True
+            if not pieces:  # the first row alone is too wide: cut its cells to fit
+                share = max(
+                    16, (budget - len(json.dumps(keys)) - 8 * len(keys)) // max(1, len(keys))
+                )
+                cells = [_cut_cell(c, share) for c in cells]
+                piece = json.dumps(dict(zip(keys, cells, strict=False)), ensure_ascii=False)
+                if len(piece) <= budget:
+                    pieces.append(piece)
+            break
+        pieces.append(piece)
+        used += extra
+    body = ", ".join(pieces)
+    if not cut and not more_rows:
+        return f"[{body}]"
+    if cut:
+        return f'{{"rows": [{body}]{marker}'
+    return f'{{"rows": [{body}], "truncated": true, "row_limit": {max_rows}}}'
 
 
 # ------------------------------------------------------------------ the seed
