@@ -31,6 +31,10 @@ ENV PATH=/opt/venv/bin:$PATH \
     ORCH_PORT=8000 \
     ORCH_LOG_DIR=/var/log/reason \
     ORCH_LOG_FORMAT=json
+# The Python sandbox needs nothing installed: it uses unprivileged user namespaces,
+# seccomp and Landlock through the standard library. It needs the runtime to allow
+# them: run with docker/seccomp/orchestrator.json and without AppArmor's default
+# profile (compose.yaml, deploy/k8s/orchestrator.yaml); it refuses to start otherwise.
 USER reason:reason
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
