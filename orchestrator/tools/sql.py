@@ -9,8 +9,10 @@ Three independent defences, each enough on its own for writes:
    database should be the product's own); role defaults `default_transaction_read_only`,
    `statement_timeout`, `lock_timeout`, `idle_in_transaction_session_timeout` and a
    `search_path` of `pg_catalog, reason_data, pg_temp`. On SQLite the file is opened
-   read-only (`mode=ro`), with `PRAGMA query_only=ON`, size limits, and an authorizer
-   that allows only SELECT, reads of the sample tables and an allowlist of functions.
+   read-only (`mode=ro`), with `PRAGMA query_only=ON`, `trusted_schema=OFF`, temporary
+   data on disk, length and pattern limits, an authorizer that allows only SELECT,
+   reads of the sample tables and an allowlist of functions, and a progress handler
+   that stops a query at its deadline or after a fixed amount of work.
 2. **The parser.** Exactly one statement, parsed by PostgreSQL's own parser (pglast),
    and only a plain query: every node of the tree must be of an allowed type (so DML,
    DDL, COPY, SET, LOCK, transaction control, LISTEN/NOTIFY, DO, CALL, EXPLAIN, writable
@@ -19,16 +21,19 @@ Three independent defences, each enough on its own for writes:
    date functions (so nothing that reads files, reaches the network, sleeps, takes
    locks, touches large objects or sequences, or changes settings can be called); casts
    only to plain types; relations only from the sample schema (or CTEs in scope); no
-   function called through attribute notation (`t.row_to_json`). On PostgreSQL the
-   server runs the deparsed text of the checked tree, so comments and lexer tricks
-   cannot smuggle anything past the check.
+   function called through attribute notation (`t.row_to_json`). Both backends run the
+   deparsed text of the checked tree, never the input, and that text must parse back
+   to the same tree, so comments and lexer tricks cannot smuggle anything past the
+   check. For SQLite the text must also split into the same tokens under SQLite's
+   lexer (no brackets, backticks, parameters, prefixed strings or comments), and
+   constructs SQLite reads differently (array subscripts, bit strings) are refused.
 3. **The transaction.** Each PostgreSQL call runs in a READ ONLY transaction with
    `statement_timeout`, `lock_timeout` and `search_path` set LOCAL by the tool (never by
    the model), reads at most `max_rows + 1` rows through a cursor, and the connection is
    reset before it returns to the pool (asyncpg's reset: advisory locks released,
    cursors closed, UNLISTEN, RESET ALL; plus RESET ROLE, DISCARD TEMP and DISCARD
    SEQUENCES), so nothing one call sets reaches the next. SQLite calls use a fresh
-   read-only connection each time and are stopped by a progress handler at the deadline.
+   read-only connection each time.
 
 Errors: the caller gets a fixed message per kind of failure (syntax, unknown name,
 invalid value, permission, time limit, too large, unavailable; with the SQLSTATE on
@@ -53,7 +58,7 @@ import sqlite3
 import tempfile
 import time
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from decimal import Decimal
 from importlib import resources
@@ -85,6 +90,8 @@ _RECONNECT_BACKOFF_S = 5.0
 # Memory a sort or hash may use before spilling to disk, per call.
 WORK_MEM = "32MB"
 MAX_ROW_CHARS = 20_000  # one result row as JSON text; longer rows are refused
+SQLITE_MAX_VALUE_BYTES = 1_000_000  # SQLITE_LIMIT_LENGTH
+SQLITE_MAX_PROGRESS_CALLS = 200_000  # x 1000 virtual-machine instructions
 
 SPEC: dict[str, Any] = {
     "name": "sql",
@@ -242,6 +249,7 @@ class SqlPolicy:
     columns: frozenset[str]
     functions: frozenset[str] = PG_FUNCTIONS
     schema: str = SCHEMA
+    dialect: str = "postgres"  # or "sqlite": the SQL will run there
 
 
 @dataclass
@@ -258,26 +266,17 @@ def _names(nodes: Iterable[Any] | None) -> list[str]:
     return [s for s in (_sval(n) for n in nodes or ()) if s is not None]
 
 
-def _defined_names(node: Any, out: set[str], depth: int = 0) -> None:
+def _defined_names(node: Any, out: set[str]) -> None:
     """Column and relation names the query itself defines (aliases, CTEs, targets)."""
-    if depth > MAX_TREE_DEPTH:
-        raise ToolRefused("query is nested too deeply", category="sql_too_complex")
-    if isinstance(node, list | tuple):
-        for child in node:
-            _defined_names(child, out, depth + 1)
-        return
-    if not isinstance(node, ast.Node):
-        return
-    if isinstance(node, ast.ResTarget) and node.name:
-        out.add(node.name)
-    elif isinstance(node, ast.Alias):
-        out.add(node.aliasname or "")
-        out.update(_names(node.colnames))
-    elif isinstance(node, ast.CommonTableExpr):
-        out.add(node.ctename or "")
-        out.update(_names(node.aliascolnames))
-    for attr in node:
-        _defined_names(getattr(node, attr), out, depth + 1)
+    for item in _each_node(node):
+        if isinstance(item, ast.ResTarget) and item.name:
+            out.add(item.name)
+        elif isinstance(item, ast.Alias):
+            out.add(item.aliasname or "")
+            out.update(_names(item.colnames))
+        elif isinstance(item, ast.CommonTableExpr):
+            out.add(item.ctename or "")
+            out.update(_names(item.aliascolnames))
 
 
 def _refuse_statement(stmt: Any) -> NoReturn:
@@ -322,12 +321,121 @@ def check_query(sql: str, policy: SqlPolicy) -> str:
     walk = _Walk(policy)
     _defined_names(stmt, walk.defined)
     _visit(stmt, frozenset(), walk, 0)
+    if policy.dialect == "sqlite":
+        _for_sqlite(stmt, policy.schema)
     try:
-        return str(RawStream()(stmt))
+        text = str(RawStream()(stmt))
+        # The server runs this text, not the input: it must parse back to the very tree
+        # that was checked (a deparser slip must not change what runs).
+        again = parse_sql(text)
     except Exception as exc:  # the deparser does not cover every construct
         raise ToolRefused(
             f"query cannot be checked: {type(exc).__name__}", category="sql_construct"
         ) from exc
+    if len(again) != 1 or again[0].stmt != stmt:
+        raise ToolRefused(
+            "query cannot be checked: its normalised text reads differently",
+            category="sql_construct",
+        )
+    if policy.dialect == "sqlite":
+        _check_sqlite_tokens(text)
+    return text
+
+
+def _each_node(node: Any, depth: int = 0) -> Iterator[ast.Node]:
+    """Every node of a tree, parents first (a parent may change its fields when seen)."""
+    if depth > MAX_TREE_DEPTH:
+        raise ToolRefused("query is nested too deeply", category="sql_too_complex")
+    if isinstance(node, list | tuple):
+        for child in node:
+            yield from _each_node(child, depth + 1)
+    elif isinstance(node, ast.Node):
+        yield node
+        for attr in node:
+            yield from _each_node(getattr(node, attr), depth + 1)
+
+
+def _for_sqlite(stmt: Any, schema: str) -> None:
+    """Refuse what SQLite would read differently from PostgreSQL (brackets are quoted
+    names there, x'..' a blob), and drop the sample schema's name, which SQLite lacks."""
+    for node in _each_node(stmt):
+        if isinstance(node, ast.A_Indirection | ast.A_Indices | ast.A_ArrayExpr):
+            raise ToolRefused(
+                "arrays and subscripts are not available on the SQLite database",
+                category="sql_construct",
+            )
+        if isinstance(node, ast.BitString):
+            raise ToolRefused(
+                "bit-string literals are not available on the SQLite database",
+                category="sql_construct",
+            )
+        if isinstance(node, ast.RangeVar) and node.schemaname == schema:
+            node.schemaname = None
+        elif isinstance(node, ast.ColumnRef) and len(node.fields or ()) == 3:
+            if _sval(node.fields[0]) == schema:
+                node.fields = node.fields[1:]
+
+
+_SQLITE_PUNCTUATION = frozenset("(),.+-*/%<>=!|&~^")
+_NUMBER_RE = re.compile(r"(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?")
+
+
+def _word_char(c: str) -> bool:
+    return c.isalnum() or c == "_" or ord(c) >= 0x80
+
+
+def _check_sqlite_tokens(text: str) -> None:
+    """The deparsed text must split into the same tokens for SQLite as for PostgreSQL:
+    plain '...' strings and "..." names (quotes doubled), words, numbers and operator
+    characters only. No brackets, backticks, $, ?, :, @, #, ;, backslash escapes,
+    prefixed strings (E'', X'', B'', U&'') or comment starts, each of which the two
+    lexers read differently."""
+    i, n = 0, len(text)
+    after_word = False
+
+    def refuse(what: str) -> NoReturn:
+        raise ToolRefused(
+            f"query cannot be run on SQLite exactly as checked ({what})",
+            category="sql_construct",
+        )
+
+    while i < n:
+        c = text[i]
+        if c in " \t\r\n":
+            i += 1
+            after_word = False
+        elif c in "'\"":
+            if after_word:
+                refuse("a prefixed or adjacent quoted token")
+            j = i + 1
+            while True:
+                k = text.find(c, j)
+                if k < 0:
+                    refuse("an unterminated quote")
+                if text.startswith(c * 2, k):
+                    j = k + 2
+                    continue
+                break
+            i = k + 1
+            after_word = True
+        elif _word_char(c) and not c.isdigit():
+            while i < n and _word_char(text[i]):
+                i += 1
+            after_word = True
+        elif c.isdigit() or (c == "." and text[i + 1 : i + 2].isdigit()):
+            match = _NUMBER_RE.match(text, i)
+            assert match is not None
+            i = match.end()
+            if i < n and (_word_char(text[i]) or text[i] in ".'\""):
+                refuse("a number run into a word")
+            after_word = True
+        elif c in _SQLITE_PUNCTUATION:
+            if text.startswith(("--", "/*", "*/"), i):
+                refuse("a comment")
+            i += 1
+            after_word = False
+        else:
+            refuse(f"the character {c!r}")
 
 
 def _visit(node: Any, scope: frozenset[str], walk: _Walk, depth: int) -> None:
@@ -853,6 +961,7 @@ class SqlTool:
             columns=frozenset(columns),
             functions=SQLITE_FUNCTIONS,
             schema=self.schema,
+            dialect="sqlite",
         )
 
     def describe(self) -> str:
@@ -875,7 +984,7 @@ class SqlTool:
             columns, rows = await self._run_postgres(checked, budget_ms)
         else:
             async with self._sqlite_slots:
-                columns, rows = await asyncio.to_thread(self._run_sqlite, query, budget_ms)
+                columns, rows = await asyncio.to_thread(self._run_sqlite, checked, budget_ms)
         log.info(
             "sql_query",
             backend=self.backend,
@@ -924,11 +1033,20 @@ class SqlTool:
         uri = f"file:{quote(str(self._sqlite_path.resolve()))}?mode=ro"
         db = sqlite3.connect(uri, uri=True, check_same_thread=False, isolation_level=None)
         db.execute("PRAGMA query_only = ON")
-        db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, 1_000_000)
-        db.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_QUERY_CHARS * 2)
+        db.execute("PRAGMA trusted_schema = OFF")  # no functions from views or triggers
+        db.execute("PRAGMA temp_store = FILE")  # big sorts and ephemeral tables go to disk
+        db.execute("PRAGMA cache_size = -2000")  # ~2 MB of page cache
+        db.execute("PRAGMA mmap_size = 0")
+        db.setlimit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_MAX_VALUE_BYTES)
+        db.setlimit(sqlite3.SQLITE_LIMIT_SQL_LENGTH, MAX_QUERY_CHARS * 4)
         db.setlimit(sqlite3.SQLITE_LIMIT_ATTACHED, 0)
         db.setlimit(sqlite3.SQLITE_LIMIT_EXPR_DEPTH, MAX_TREE_DEPTH)
         db.setlimit(sqlite3.SQLITE_LIMIT_COMPOUND_SELECT, 50)
+        db.setlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH, 200)
+        db.setlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER, 0)
+        db.setlimit(sqlite3.SQLITE_LIMIT_FUNCTION_ARG, 32)
+        db.setlimit(sqlite3.SQLITE_LIMIT_COLUMN, 500)
+        db.setlimit(sqlite3.SQLITE_LIMIT_TRIGGER_DEPTH, 0)
         if authorize:
             assert self.policy is not None
             db.set_authorizer(_sqlite_authorizer(self.policy, self._sqlite_other_tables))
@@ -936,17 +1054,29 @@ class SqlTool:
 
     def _run_sqlite(self, sql: str, budget_ms: int) -> tuple[list[str], list[Any]]:
         deadline = time.monotonic() + budget_ms / 1000
+        steps = [0]
+        max_steps = SQLITE_MAX_PROGRESS_CALLS
+
+        def progress() -> int:
+            # Called every 1000 virtual-machine instructions: stop at the deadline or
+            # after a fixed amount of work, whichever comes first.
+            steps[0] += 1
+            return int(steps[0] > max_steps or time.monotonic() > deadline)
+
         db = self._open_sqlite()
-        db.set_progress_handler(lambda: int(time.monotonic() > deadline), 1000)
+        db.set_progress_handler(progress, 1000)
         try:
             cursor = db.execute(sql)
             columns = [d[0] for d in cursor.description or ()]
             rows = cursor.fetchmany(self.max_rows + 1)
-            return columns, rows
         except sqlite3.Error as exc:
+            if steps[0] > max_steps:
+                log.warning("sql_query_failed", backend="sqlite", error="work limit")
+                raise ToolError("query stopped: it did more work than one query may") from exc
             raise _sqlite_error(exc, budget_ms) from exc
         finally:
             db.close()
+        return columns, rows
 
 
 # ------------------------------------------------------------------ errors

@@ -1,12 +1,19 @@
 """The sql tool's engine-level defences, against both backends for real.
 
+- SQLite runs exactly the text that was checked (PostgreSQL's deparse of the checked
+  tree), so comments, brackets and quoting that the two lexers read differently cannot
+  hide SQL from the check; the SQLite connection itself is limited.
 - Driver errors reach the caller as fixed messages per kind, never the driver's text
   (which names hosts, roles, databases, paths and catalog internals).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import secrets
+import sqlite3
+import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
@@ -14,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from orchestrator.tools.base import ToolContext, ToolError
+from orchestrator.tools import sql
+from orchestrator.tools.base import ToolContext, ToolError, ToolRefused
 from orchestrator.tools.sql import SqlTool
 
 SampleDatabase = Any  # the `sample_db` fixture of conftest.py
@@ -39,6 +47,135 @@ async def _outcome(tool: SqlTool, query: str) -> str:
         return await tool(query, _ctx())
     except ToolError as exc:
         return f"{type(exc).__name__}: {exc}"
+
+
+# ------------------------------------------- SQLite runs what was checked
+
+
+@pytest.mark.unit
+@pytest.mark.security
+@pytest.mark.parametrize(
+    "query",
+    [
+        # PostgreSQL nests comments: all of `/* /* */ , ... -- */` is one comment there,
+        # while SQLite ends the comment at the first `*/` and runs the rest.
+        "SELECT 1 /* /* */ , typeof(1) -- */",
+        "SELECT 1 /* /* */ , (SELECT group_concat(name) FROM countries) AS leak -- */",
+    ],
+)
+async def test_sqlite_runs_the_checked_text_not_the_raw_input(tmp_path: Path, query: str) -> None:
+    async with _started(None, tmp_path / "s.sqlite3") as tool:
+        assert await tool(query, _ctx()) == "1"
+
+
+@pytest.mark.unit
+@pytest.mark.security
+async def test_sqlite_brackets_cannot_hide_code_inside_a_postgres_string(tmp_path: Path) -> None:
+    # For PostgreSQL `name['] , typeof(1) AS hidden , name[']` subscripts `name` with a
+    # string; for SQLite `[']` is a quoted name, so the "string" would run as code.
+    query = "SELECT name['] , typeof(1) AS hidden , name['] FROM countries LIMIT 1"
+    async with _started(None, tmp_path / "s.sqlite3") as tool:
+        with pytest.raises(ToolRefused) as info:
+            await tool(query, _ctx())
+    assert info.value.category == "sql_construct"
+
+
+@pytest.mark.unit
+@pytest.mark.security
+@pytest.mark.parametrize(
+    "text",
+    [
+        "SELECT [name] FROM countries",
+        "SELECT `name` FROM countries",
+        "SELECT $1",
+        "SELECT :a",
+        "SELECT @a",
+        "SELECT ?",
+        "SELECT #a",
+        "SELECT E'a\\'b'",
+        "SELECT X'41'",
+        "SELECT 1 -- comment",
+        "SELECT /* comment */ 1",
+        "SELECT 1;",
+        "SELECT 'unterminated",
+        'SELECT "unterminated',
+        "SELECT 1abc",
+        "SELECT 1 ::int",
+        "SELECT \\",
+    ],
+)
+def test_sqlite_token_check_refuses_what_the_lexers_read_differently(text: str) -> None:
+    with pytest.raises(ToolRefused, match="SQLite exactly as checked"):
+        sql._check_sqlite_tokens(text)
+
+
+@pytest.mark.unit
+def test_sqlite_token_check_passes_deparsed_text() -> None:
+    for text in [
+        "SELECT 'it''s', \"a\"\"b\", 1.5e3, .5, 2 * -3, x || y FROM t WHERE a <> b AND c >= 1",
+        "SELECT count(*) FROM orders o JOIN products p ON p.id = o.product_id",
+        "SELECT 'a;b -- /* c */' AS \"x;y\"",
+        "SELECT naïve, 'ünïcode' FROM t",
+    ]:
+        sql._check_sqlite_tokens(text)
+
+
+@pytest.mark.unit
+@pytest.mark.security
+async def test_the_text_that_runs_must_parse_back_to_the_checked_tree(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A deparser slip (simulated here) cannot make either server run other SQL."""
+
+    class SlippingStream:
+        def __call__(self, node: object) -> str:
+            return "SELECT name FROM countries"
+
+    async with _started(None, tmp_path / "s.sqlite3") as tool:
+        assert tool.policy is not None
+        postgres = dataclasses.replace(tool.policy, functions=sql.PG_FUNCTIONS, dialect="postgres")
+        assert sql.check_query("SELECT capital FROM countries", postgres)
+        monkeypatch.setattr(sql, "RawStream", SlippingStream)
+        for policy in (postgres, tool.policy):
+            with pytest.raises(ToolRefused, match="reads differently"):
+                sql.check_query("SELECT capital FROM countries", policy)
+        # What does read back the same still runs.
+        assert json.loads(await tool("SELECT name FROM countries", _ctx()))[0]["name"]
+
+
+@pytest.mark.unit
+@pytest.mark.security
+async def test_sqlite_connection_is_limited_at_the_engine(tmp_path: Path) -> None:
+    async with _started(None, tmp_path / "s.sqlite3") as tool:
+        db = tool._open_sqlite(authorize=False)
+        try:
+            assert db.execute("PRAGMA query_only").fetchone() == (1,)
+            assert db.execute("PRAGMA trusted_schema").fetchone() == (0,)
+            assert db.execute("PRAGMA temp_store").fetchone() == (1,)  # FILE
+            assert db.getlimit(sqlite3.SQLITE_LIMIT_LENGTH) == 1_000_000
+            assert db.getlimit(sqlite3.SQLITE_LIMIT_ATTACHED) == 0
+            assert db.getlimit(sqlite3.SQLITE_LIMIT_LIKE_PATTERN_LENGTH) == 200
+            assert db.getlimit(sqlite3.SQLITE_LIMIT_VARIABLE_NUMBER) == 0
+            # The engine caps a value at the limit even with the checker bypassed.
+            assert db.execute("SELECT printf('%.*c', 2000000, 'x')").fetchone() == (None,)
+            with pytest.raises(sqlite3.DataError, match="too big"):
+                db.execute("SELECT replace(printf('%.*c', 600000, 'x'), 'x', 'xx')").fetchall()
+        finally:
+            db.close()
+
+
+@pytest.mark.unit
+@pytest.mark.security
+async def test_sqlite_progress_handler_bounds_work_as_well_as_time(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(sql, "SQLITE_MAX_PROGRESS_CALLS", 20)  # 20 000 instructions
+    async with _started(None, tmp_path / "s.sqlite3", statement_timeout_ms=10_000) as tool:
+        started = time.perf_counter()
+        with pytest.raises(ToolError, match="more work than one query may"):
+            await tool("SELECT count(*) FROM countries a, countries b, countries c", _ctx(20))
+        assert time.perf_counter() - started < 5  # stopped by work, not by the 10 s clock
+        assert await tool("SELECT count(*) FROM orders", _ctx()) == "48"
 
 
 # ------------------------------------------------------------ error text
