@@ -335,7 +335,8 @@ def db_init(
     """Create the reason_data schema, its sample data and the read-only reason_reader role."""
     from orchestrator.tools.sql import init_database
 
-    asyncio.run(init_database(dsn, reader_password))
+    for warning in asyncio.run(init_database(dsn, reader_password)):
+        console.print(f"[yellow]warning:[/yellow] {warning}")
     console.print("reason_data schema, sample data and role reason_reader are ready")
 
 

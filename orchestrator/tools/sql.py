@@ -1,6 +1,6 @@
 """The `sql` tool: read-only queries on the sample database, held against a hostile model.
 
-Three independent defences, each enough on its own for writes:
+Independent defences (the first two each enough on its own for writes):
 
 1. **The role.** On PostgreSQL the pool connects as `reason_reader`, created by
    `init_database`: LOGIN, no superuser, CREATEDB, CREATEROLE, REPLICATION or BYPASSRLS,
@@ -8,11 +8,13 @@ Three independent defences, each enough on its own for writes:
    database's TEMPORARY right and schema `public` are revoked from PUBLIC (the tool's
    database should be the product's own); role defaults `default_transaction_read_only`,
    `statement_timeout`, `lock_timeout`, `idle_in_transaction_session_timeout` and a
-   `search_path` of `pg_catalog, reason_data, pg_temp`. On SQLite the file is opened
-   read-only (`mode=ro`), with `PRAGMA query_only=ON`, `trusted_schema=OFF`, temporary
-   data on disk, length and pattern limits, an authorizer that allows only SELECT,
-   reads of the sample tables and an allowlist of functions, and a progress handler
-   that stops a query at its deadline or after a fixed amount of work.
+   `search_path` of `pg_catalog, reason_data, pg_temp`, and resource limits the server
+   enforces: `work_mem`, `hash_mem_multiplier`, no parallel workers, no JIT, and (set
+   by a superuser) `temp_file_limit`. On SQLite the file is opened read-only
+   (`mode=ro`), with `PRAGMA query_only=ON`, `trusted_schema=OFF`, temporary data on
+   disk, length and pattern limits, an authorizer that allows only SELECT, reads of the
+   sample tables and an allowlist of functions, and a progress handler that stops a
+   query at its deadline or after a fixed amount of work.
 2. **The parser.** Exactly one statement, parsed by PostgreSQL's own parser (pglast),
    and only a plain query: every node of the tree must be of an allowed type (so DML,
    DDL, COPY, SET, LOCK, transaction control, LISTEN/NOTIFY, DO, CALL, EXPLAIN, writable
@@ -27,13 +29,19 @@ Three independent defences, each enough on its own for writes:
    check. For SQLite the text must also split into the same tokens under SQLite's
    lexer (no brackets, backticks, parameters, prefixed strings or comments), and
    constructs SQLite reads differently (array subscripts, bit strings) are refused.
-3. **The transaction.** Each PostgreSQL call runs in a READ ONLY transaction with
-   `statement_timeout`, `lock_timeout` and `search_path` set LOCAL by the tool (never by
-   the model), reads at most `max_rows + 1` rows through a cursor, and the connection is
-   reset before it returns to the pool (asyncpg's reset: advisory locks released,
-   cursors closed, UNLISTEN, RESET ALL; plus RESET ROLE, DISCARD TEMP and DISCARD
-   SEQUENCES), so nothing one call sets reaches the next. SQLite calls use a fresh
-   read-only connection each time.
+3. **The size bounds** (`sql_bounds`). Every value the query can build gets an upper
+   bound from the sizes of the sample tables, constant arguments and the rules of each
+   allowed function; format() widths, char(n) padding, nested replace(), aggregates
+   over cross joins, `x || x` through subqueries, recursive queries whose values grow,
+   and generate_series over huge ranges are refused before they run.
+4. **The transaction.** Each PostgreSQL call runs in a READ ONLY transaction with
+   `statement_timeout` (from the caller's budget), `lock_timeout`, `search_path`,
+   `work_mem` and the other limits set LOCAL by the tool (never by the model), reads at
+   most `max_rows + 1` rows through a cursor, each row cut to `MAX_ROW_CHARS` on the
+   server, and the connection is reset before it returns to the pool (asyncpg's reset:
+   advisory locks released, cursors closed, UNLISTEN, RESET ALL; plus RESET ROLE,
+   DISCARD TEMP and DISCARD SEQUENCES), so nothing one call sets reaches the next.
+   SQLite calls use a fresh read-only connection each time.
 
 Errors: the caller gets a fixed message per kind of failure (syntax, unknown name,
 invalid value, permission, time limit, too large, unavailable; with the SQLSTATE on
@@ -73,6 +81,13 @@ from pglast.parser import ParseError
 from pglast.stream import RawStream
 
 from orchestrator.tools.base import ToolContext, ToolError, ToolRefused
+from orchestrator.tools.sql_bounds import (
+    DataShape,
+    Limits,
+    check_bounds,
+    check_coverage,
+    default_shape,
+)
 
 log = structlog.get_logger(__name__)
 
@@ -87,10 +102,13 @@ ROLE_STATEMENT_TIMEOUT_MS = 5000
 ROLE_LOCK_TIMEOUT_MS = 1000
 ROLE_IDLE_IN_TRANSACTION_MS = 10_000
 _RECONNECT_BACKOFF_S = 5.0
-# Memory a sort or hash may use before spilling to disk, per call.
-WORK_MEM = "32MB"
+# Memory a sort or hash may use before spilling to disk (the size bounds count on it).
+WORK_MEM = f"{Limits().work_mem_bytes // 1024}kB"
+# Role default for the disk a session's temporary files may take (set by a superuser).
+ROLE_TEMP_FILE_LIMIT = "64MB"
+ROLE_CONNECTION_LIMIT = 32
 MAX_ROW_CHARS = 20_000  # one result row as JSON text; longer rows are refused
-SQLITE_MAX_VALUE_BYTES = 1_000_000  # SQLITE_LIMIT_LENGTH
+SQLITE_MAX_VALUE_BYTES = Limits().max_value_bytes  # SQLITE_LIMIT_LENGTH
 SQLITE_MAX_PROGRESS_CALLS = 200_000  # x 1000 virtual-machine instructions
 
 SPEC: dict[str, Any] = {
@@ -241,15 +259,21 @@ _ALLOWED_TYPES = frozenset(
 _NAME_RE = re.compile(r"[a-z_][a-z0-9_]{0,62}")
 
 
+check_coverage(PG_FUNCTIONS | SQLITE_FUNCTIONS)
+
+
 @dataclass(frozen=True)
 class SqlPolicy:
-    """What a query may touch: the sample tables and columns, and a function allowlist."""
+    """What a query may touch: the sample tables and columns, and a function allowlist;
+    what the tables hold (for the size bounds), and the SQL dialect that will run it."""
 
     tables: frozenset[str]
     columns: frozenset[str]
     functions: frozenset[str] = PG_FUNCTIONS
     schema: str = SCHEMA
-    dialect: str = "postgres"  # or "sqlite": the SQL will run there
+    shape: DataShape | None = None
+    dialect: str = "postgres"  # or "sqlite"
+    limits: Limits = field(default_factory=Limits)
 
 
 @dataclass
@@ -323,6 +347,12 @@ def check_query(sql: str, policy: SqlPolicy) -> str:
     _visit(stmt, frozenset(), walk, 0)
     if policy.dialect == "sqlite":
         _for_sqlite(stmt, policy.schema)
+    check_bounds(
+        stmt,
+        policy.shape or default_shape(policy.tables, policy.columns),
+        dialect=policy.dialect,
+        limits=policy.limits,
+    )
     try:
         text = str(RawStream()(stmt))
         # The server runs this text, not the input: it must parse back to the very tree
@@ -709,6 +739,19 @@ def render_rows(
 # ------------------------------------------------------------------ the seed
 
 
+# Role defaults: a backstop for any connection as the reader, with or without the tool.
+ROLE_SETTINGS: tuple[tuple[str, str], ...] = (
+    ("default_transaction_read_only", "on"),
+    ("statement_timeout", f"{ROLE_STATEMENT_TIMEOUT_MS}ms"),
+    ("lock_timeout", f"{ROLE_LOCK_TIMEOUT_MS}ms"),
+    ("idle_in_transaction_session_timeout", f"{ROLE_IDLE_IN_TRANSACTION_MS}ms"),
+    ("work_mem", WORK_MEM),
+    ("hash_mem_multiplier", "1"),
+    ("max_parallel_workers_per_gather", "0"),
+    ("jit", "off"),
+)
+
+
 def seed_sql() -> str:
     return resources.files("orchestrator.data").joinpath("seed.sql").read_text("utf-8")
 
@@ -725,16 +768,18 @@ async def init_database(
     *,
     reader_role: str = READER_ROLE,
     schema: str = SCHEMA,
-) -> None:
+) -> list[str]:
     """Create (or re-create) the sample schema, its data and the read-only role.
 
     Idempotent: it converges to the shipped seed every time it runs (the schema is
     dropped and re-created in one transaction), so running it twice is harmless. The
     admin DSN needs a role that may create roles and schemas in the target database
     (normally the database owner or a superuser). `reader_password` None leaves the
-    reader without a password (trust or peer authentication).
+    reader without a password (trust or peer authentication). Returns warnings for the
+    operator (a limit the admin role was not allowed to set).
     """
     role, schema = _ident(reader_role), _ident(schema)
+    warnings: list[str] = []
     conn = await asyncpg.connect(admin_dsn, timeout=10)
     try:
         async with conn.transaction():
@@ -743,9 +788,27 @@ async def init_database(
             exists = await conn.fetchval("SELECT 1 FROM pg_roles WHERE rolname = $1", role)
             if not exists:
                 await conn.execute(f"CREATE ROLE {role} LOGIN")
+            superuser = await conn.fetchval(
+                "SELECT rolsuper FROM pg_roles WHERE rolname = current_user"
+            )
+            if superuser:
+                attributes = "NOSUPERUSER NOREPLICATION NOBYPASSRLS "
+            else:
+                # Only a superuser may change these; a role that has one stays refused.
+                flags = await conn.fetchrow(
+                    "SELECT rolsuper, rolreplication, rolbypassrls FROM pg_roles "
+                    "WHERE rolname = $1",
+                    role,
+                )
+                if flags is not None and any(flags.values()):
+                    raise PermissionError(
+                        f"role {role} has SUPERUSER, REPLICATION or BYPASSRLS, which only a "
+                        "superuser can remove; run `reason db init` as a superuser"
+                    )
+                attributes = ""
             await conn.execute(
-                f"ALTER ROLE {role} WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT "
-                f"NOREPLICATION NOBYPASSRLS CONNECTION LIMIT 32"
+                f"ALTER ROLE {role} WITH LOGIN {attributes}NOCREATEDB NOCREATEROLE NOINHERIT "
+                f"CONNECTION LIMIT {ROLE_CONNECTION_LIMIT}"
             )
             password_sql = await conn.fetchval(
                 "SELECT CASE WHEN $2::text IS NULL THEN format('ALTER ROLE %I PASSWORD NULL', $1::text)"
@@ -760,13 +823,21 @@ async def init_database(
                 role,
             ):
                 await conn.execute(f"REVOKE {granted['name']} FROM {role}")
-            for setting, value in (
-                ("default_transaction_read_only", "on"),
-                ("statement_timeout", f"{ROLE_STATEMENT_TIMEOUT_MS}ms"),
-                ("lock_timeout", f"{ROLE_LOCK_TIMEOUT_MS}ms"),
-                ("idle_in_transaction_session_timeout", f"{ROLE_IDLE_IN_TRANSACTION_MS}ms"),
-            ):
+            for setting, value in ROLE_SETTINGS:
                 await conn.execute(f"ALTER ROLE {role} SET {setting} = '{value}'")
+            # temp_file_limit bounds the disk one session's sorts and hashes may spill
+            # to; only a superuser (or a role granted SET on it) may set it.
+            try:
+                async with conn.transaction():
+                    await conn.execute(
+                        f"ALTER ROLE {role} SET temp_file_limit = '{ROLE_TEMP_FILE_LIMIT}'"
+                    )
+            except asyncpg.InsufficientPrivilegeError:
+                warnings.append(
+                    f"temp_file_limit was not set for {role}: the admin role may not set it; "
+                    "run `reason db init` as a superuser to bound the reader's temporary files"
+                )
+                log.warning("sql_temp_file_limit_not_set", role=role)
             await conn.execute(f"ALTER ROLE {role} SET search_path = pg_catalog, {schema}, pg_temp")
 
             await conn.execute(f"DROP SCHEMA IF EXISTS {schema} CASCADE")
@@ -789,6 +860,7 @@ async def init_database(
     finally:
         await conn.close()
     log.info("sql_seed_loaded", schema=schema, role=role)
+    return warnings
 
 
 def _seed_digest() -> str:
@@ -907,24 +979,26 @@ class SqlTool:
         )
         try:
             async with pool.acquire() as conn:
-                rows = await conn.fetch(
-                    "SELECT table_name, column_name FROM information_schema.columns "
-                    "WHERE table_schema = $1",
-                    self.schema,
-                )
+                shape = await _postgres_shape(conn, self.schema)
         except BaseException:
             await pool.close()
             raise
-        if not rows:
+        if not shape.rows:
             await pool.close()
             raise OSError(f"schema {self.schema} has no readable tables; run `reason db init`")
         self._pool = pool
         return SqlPolicy(
-            tables=frozenset(r["table_name"] for r in rows),
-            columns=frozenset(r["column_name"] for r in rows),
+            tables=frozenset(shape.rows),
+            columns=frozenset(c for cols in shape.columns.values() for c in cols),
             functions=PG_FUNCTIONS,
             schema=self.schema,
+            shape=shape,
+            dialect="postgres",
+            limits=self._limits(),
         )
+
+    def _limits(self) -> Limits:
+        return Limits(fetch_rows=self.max_rows + 1)
 
     def _start_sqlite(self) -> SqlPolicy:
         path = self._sqlite_path
@@ -951,17 +1025,19 @@ class SqlTool:
                 )
             ]
             self._sqlite_other_tables = frozenset(n.lower() for n in names) - set(tables)
-            columns = {c[1] for t in tables for c in db.execute(f'PRAGMA table_info("{t}")')}
+            shape = _sqlite_shape(db, tables)
         finally:
             db.close()
         if not tables:
             raise sqlite3.DatabaseError(f"{path} holds no tables")
         return SqlPolicy(
             tables=frozenset(tables),
-            columns=frozenset(columns),
+            columns=frozenset(c for cols in shape.columns.values() for c in cols),
             functions=SQLITE_FUNCTIONS,
             schema=self.schema,
+            shape=shape,
             dialect="sqlite",
+            limits=self._limits(),
         )
 
     def describe(self) -> str:
@@ -981,20 +1057,33 @@ class SqlTool:
         budget_ms = int(min(self.statement_timeout_ms, max(ctx.timeout_s * 1000 - 50, 50)))
         started = time.perf_counter()
         if self.backend == "postgres":
-            columns, rows = await self._run_postgres(checked, budget_ms)
+            texts = await self._run_postgres(checked, budget_ms)
+            rendered = self._render_json_rows(texts)
         else:
             async with self._sqlite_slots:
-                columns, rows = await asyncio.to_thread(self._run_sqlite, checked, budget_ms)
+                rendered = await asyncio.to_thread(self._run_sqlite, checked, budget_ms)
+        text, shown, truncated = rendered
         log.info(
             "sql_query",
             backend=self.backend,
-            rows=min(len(rows), self.max_rows),
-            truncated=len(rows) > self.max_rows,
+            rows=shown,
+            truncated=truncated,
             duration_ms=round((time.perf_counter() - started) * 1000, 2),
         )
-        return render_rows(columns, rows, self.max_rows)
+        return text
 
-    async def _run_postgres(self, sql: str, budget_ms: int) -> tuple[list[str], list[Any]]:
+    def _render_json_rows(self, texts: Sequence[str]) -> tuple[str, int, bool]:
+        columns, rows = _json_rows(texts)
+        return self._render(columns, rows)
+
+    def _render(self, columns: Sequence[str], rows: Sequence[Any]) -> tuple[str, int, bool]:
+        return (
+            render_rows(columns, rows, self.max_rows),
+            min(len(rows), self.max_rows),
+            len(rows) > self.max_rows,
+        )
+
+    async def _run_postgres(self, sql: str, budget_ms: int) -> list[str]:
         pool = self._pool
         if pool is None:
             raise ToolError("database unavailable")
@@ -1014,7 +1103,10 @@ class SqlTool:
                     "set_config('lock_timeout', $2, true), "
                     "set_config('search_path', $3, true), "
                     "set_config('standard_conforming_strings', 'on', true), "
-                    "set_config('work_mem', $4, true)",
+                    "set_config('work_mem', $4, true), "
+                    "set_config('hash_mem_multiplier', '1', true), "
+                    "set_config('max_parallel_workers_per_gather', '0', true), "
+                    "set_config('jit', 'off', true)",
                     f"{budget_ms}ms",
                     f"{self.lock_timeout_ms}ms",
                     f"pg_catalog, {self.schema}, pg_temp",
@@ -1026,7 +1118,7 @@ class SqlTool:
             raise _postgres_error(exc, budget_ms) from exc
         finally:
             await pool.release(conn)
-        return _json_rows([record[0] for record in texts])
+        return [record[0] for record in texts]
 
     def _open_sqlite(self, *, authorize: bool = True) -> sqlite3.Connection:
         assert self._sqlite_path is not None
@@ -1052,7 +1144,7 @@ class SqlTool:
             db.set_authorizer(_sqlite_authorizer(self.policy, self._sqlite_other_tables))
         return db
 
-    def _run_sqlite(self, sql: str, budget_ms: int) -> tuple[list[str], list[Any]]:
+    def _run_sqlite(self, sql: str, budget_ms: int) -> tuple[str, int, bool]:
         deadline = time.monotonic() + budget_ms / 1000
         steps = [0]
         max_steps = SQLITE_MAX_PROGRESS_CALLS
@@ -1076,7 +1168,77 @@ class SqlTool:
             raise _sqlite_error(exc, budget_ms) from exc
         finally:
             db.close()
-        return columns, rows
+        return self._render(columns, rows)
+
+
+def _quote_ident(name: str) -> str:
+    return '"' + name.replace('"', '""') + '"'
+
+
+def _slack_rows(count: int) -> int:
+    return count + count // 4 + 8
+
+
+async def _postgres_shape(conn: asyncpg.Connection, schema: str) -> DataShape:
+    """The readable tables of `schema`: columns, widest values, rows, unique columns."""
+    rows = await conn.fetch(
+        "SELECT table_name, column_name FROM information_schema.columns "
+        "WHERE table_schema = $1 ORDER BY table_name, ordinal_position",
+        schema,
+    )
+    tables: dict[str, list[str]] = {}
+    for r in rows:
+        tables.setdefault(r["table_name"], []).append(r["column_name"])
+    unique: dict[str, set[str]] = {}
+    for r in await conn.fetch(
+        "SELECT c.relname, a.attname FROM pg_catalog.pg_index i "
+        "JOIN pg_catalog.pg_class c ON c.oid = i.indrelid "
+        "JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace "
+        "JOIN pg_catalog.pg_attribute a ON a.attrelid = c.oid AND a.attnum = i.indkey[0] "
+        "WHERE n.nspname = $1 AND i.indisunique AND i.indnkeyatts = 1 "
+        "AND i.indpred IS NULL AND i.indexprs IS NULL",
+        schema,
+    ):
+        unique.setdefault(r["relname"], set()).add(r["attname"])
+    columns: dict[str, dict[str, int]] = {}
+    counts: dict[str, int] = {}
+    for table, cols in tables.items():
+        widths = ", ".join(f"coalesce(max(octet_length({_quote_ident(c)}::text)), 0)" for c in cols)
+        record = await conn.fetchrow(
+            f"SELECT count(*), {widths} FROM {_quote_ident(schema)}.{_quote_ident(table)}"
+        )
+        assert record is not None
+        counts[table] = _slack_rows(int(record[0]))
+        columns[table] = {c: int(record[i + 1]) + 16 for i, c in enumerate(cols)}
+    return DataShape(
+        columns=columns,
+        rows=counts,
+        unique={t: frozenset(c) for t, c in unique.items() if t in tables},
+    )
+
+
+def _sqlite_shape(db: sqlite3.Connection, tables: Sequence[str]) -> DataShape:
+    columns: dict[str, dict[str, int]] = {}
+    counts: dict[str, int] = {}
+    unique: dict[str, frozenset[str]] = {}
+    for table in tables:
+        info = list(db.execute(f"PRAGMA table_info({_quote_ident(table)})"))
+        cols = [c[1] for c in info]
+        widths = ", ".join(
+            f"coalesce(max(length(CAST({_quote_ident(c)} AS BLOB))), 0)" for c in cols
+        )
+        record = db.execute(f"SELECT count(*), {widths} FROM {_quote_ident(table)}").fetchone()
+        counts[table] = _slack_rows(int(record[0]))
+        columns[table] = {c: int(record[i + 1]) + 16 for i, c in enumerate(cols)}
+        keys = {c[1] for c in info if c[5] == 1}
+        single = set(keys) if len(keys) == 1 else set()  # a one-column primary key
+        for index in db.execute(f"PRAGMA index_list({_quote_ident(table)})"):
+            if index[2] and not index[4]:  # unique, not partial
+                parts = list(db.execute(f"PRAGMA index_info({_quote_ident(index[1])})"))
+                if len(parts) == 1 and parts[0][2] is not None:
+                    single.add(parts[0][2])
+        unique[table] = frozenset(single)
+    return DataShape(columns=columns, rows=counts, unique=unique)
 
 
 # ------------------------------------------------------------------ errors

@@ -3,6 +3,8 @@
 - SQLite runs exactly the text that was checked (PostgreSQL's deparse of the checked
   tree), so comments, brackets and quoting that the two lexers read differently cannot
   hide SQL from the check; the SQLite connection itself is limited.
+- The read-only PostgreSQL role carries limits the server enforces, and each call sets
+  its own; amplifying queries are refused before they run.
 - Driver errors reach the caller as fixed messages per kind, never the driver's text
   (which names hosts, roles, databases, paths and catalog internals).
 """
@@ -18,7 +20,9 @@ from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit, urlunsplit
 
+import asyncpg
 import pytest
 
 from orchestrator.tools import sql
@@ -176,6 +180,151 @@ async def test_sqlite_progress_handler_bounds_work_as_well_as_time(
             await tool("SELECT count(*) FROM countries a, countries b, countries c", _ctx(20))
         assert time.perf_counter() - started < 5  # stopped by work, not by the 10 s clock
         assert await tool("SELECT count(*) FROM orders", _ctx()) == "48"
+
+
+# --------------------------------------------------- PostgreSQL limits
+
+
+@pytest.mark.integration
+@pytest.mark.security
+@pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT length(format('%50000000s', ''))",
+        "SELECT length(CAST('x' AS char(5000000)))",
+        "SELECT length("
+        + "replace(" * 7
+        + "'xxxxxxxxxx'"
+        + ", 'x', 'xxxxxxxxxx')" * 6
+        + ", 'x', 'x'))",
+        "SELECT length(string_agg(a.name, ',')) FROM countries a, countries b, countries c, countries d",
+        "SELECT length(a || a || a || a) FROM (SELECT b || b || b || b AS a FROM "
+        "(SELECT c || c || c || c AS b FROM (SELECT d || d || d || d AS c FROM "
+        "(SELECT e || e || e || e AS d FROM (SELECT format('%1000s', '') AS e) q5) q4) q3) q2) q1",
+    ],
+    ids=["format-width", "bpchar", "nested-replace", "string_agg-cross-join", "concat-chain"],
+)
+async def test_postgres_refuses_amplifying_queries(sample_db: SampleDatabase, query: str) -> None:
+    async with _started(sample_db.reader_dsn, None, pool_size=1) as tool:
+        with pytest.raises(ToolRefused) as info:
+            await tool(query, _ctx())
+    assert info.value.category == "sql_too_large", str(info.value)
+
+
+@pytest.mark.integration
+@pytest.mark.security
+async def test_reader_role_limits_are_in_force(sample_db: SampleDatabase) -> None:
+    conn = await asyncpg.connect(sample_db.reader_dsn, timeout=5)
+    try:
+        shown = {
+            name: await conn.fetchval(f"SHOW {name}")
+            for name in (
+                "statement_timeout",
+                "lock_timeout",
+                "idle_in_transaction_session_timeout",
+                "default_transaction_read_only",
+                "work_mem",
+                "temp_file_limit",
+                "hash_mem_multiplier",
+                "max_parallel_workers_per_gather",
+                "jit",
+            )
+        }
+    finally:
+        await conn.close()
+    assert shown == {
+        "statement_timeout": "5s",
+        "lock_timeout": "1s",
+        "idle_in_transaction_session_timeout": "10s",
+        "default_transaction_read_only": "on",
+        "work_mem": "4MB",
+        "temp_file_limit": "64MB",
+        "hash_mem_multiplier": "1",
+        "max_parallel_workers_per_gather": "0",
+        "jit": "off",
+    }
+    admin = await asyncpg.connect(sample_db.admin_dsn, timeout=5)
+    try:
+        limit = await admin.fetchval(
+            "SELECT rolconnlimit FROM pg_roles WHERE rolname = $1", sample_db.role
+        )
+    finally:
+        await admin.close()
+    assert limit == sql.ROLE_CONNECTION_LIMIT
+
+
+@pytest.mark.integration
+@pytest.mark.security
+async def test_temp_file_limit_stops_a_spilling_query(sample_db: SampleDatabase) -> None:
+    """Even with the parser bypassed and work_mem cut, the reader cannot fill the disk."""
+    conn = await asyncpg.connect(sample_db.reader_dsn, timeout=5)
+    try:
+        await conn.execute("SET work_mem = '64kB'")
+        with pytest.raises(asyncpg.ConfigurationLimitExceededError, match="temp_file_limit"):
+            await conn.fetchval("SELECT count(*) FROM generate_series(1, 10000000)")
+        # A superuser-only setting: the reader cannot lift it.
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.execute("SET temp_file_limit = -1")
+    finally:
+        await conn.close()
+
+
+@pytest.mark.integration
+async def test_db_init_without_a_superuser_sets_what_it_may_and_warns(
+    sample_db: SampleDatabase,
+) -> None:
+    """temp_file_limit needs a superuser: an admin that may only create roles gets every
+    other limit, and a warning instead of a failure."""
+    suffix = secrets.token_hex(4)
+    admin, database, reader = f"reason_admin_{suffix}", f"reason_db_{suffix}", f"reader_{suffix}"
+    superuser = await asyncpg.connect(sample_db.admin_dsn, timeout=5)
+    await superuser.execute(f"CREATE ROLE {admin} LOGIN CREATEROLE")
+    await superuser.execute(f"CREATE DATABASE {database} OWNER {admin}")
+    parts = urlsplit(sample_db.admin_dsn)
+    host = parts.netloc.rpartition("@")[2]
+    try:
+        warnings = await sql.init_database(
+            urlunsplit(parts._replace(netloc=f"{admin}@{host}", path=f"/{database}")),
+            None,
+            reader_role=reader,
+        )
+        assert len(warnings) == 1 and "temp_file_limit" in warnings[0]
+        conn = await asyncpg.connect(
+            urlunsplit(parts._replace(netloc=f"{reader}@{host}", path=f"/{database}")), timeout=5
+        )
+        try:
+            assert await conn.fetchval("SHOW work_mem") == "4MB"
+            assert await conn.fetchval("SHOW max_parallel_workers_per_gather") == "0"
+            assert await conn.fetchval("SELECT count(*) FROM countries") == 40
+        finally:
+            await conn.close()
+    finally:
+        await superuser.execute(f"DROP DATABASE IF EXISTS {database} WITH (FORCE)")
+        await superuser.execute(f"DROP ROLE IF EXISTS {reader}")
+        await superuser.execute(f"DROP ROLE IF EXISTS {admin}")
+        await superuser.close()
+
+
+@pytest.mark.integration
+@pytest.mark.security
+async def test_each_call_sets_its_own_limits(sample_db: SampleDatabase) -> None:
+    query = (
+        "SELECT current_setting('statement_timeout') AS timeout, "
+        "current_setting('work_mem') AS work_mem, "
+        "current_setting('hash_mem_multiplier') AS hash_mem, "
+        "current_setting('max_parallel_workers_per_gather') AS workers, "
+        "current_setting('jit') AS jit, current_setting('transaction_read_only') AS ro"
+    )
+    async with _started(sample_db.reader_dsn, None, statement_timeout_ms=700, pool_size=1) as tool:
+        settings = json.loads(await tool(query, _ctx()))[0]
+    assert settings == {
+        "timeout": "700ms",
+        "work_mem": "4MB",
+        "hash_mem": "1",
+        "workers": "0",
+        "jit": "off",
+        "ro": "on",
+    }
 
 
 # ------------------------------------------------------------ error text
