@@ -46,7 +46,8 @@ Independent defences (the first two each enough on its own for writes):
 Errors: the caller gets a fixed message per kind of failure (syntax, unknown name,
 invalid value, permission, time limit, too large, unavailable; with the SQLSTATE on
 PostgreSQL); the driver's text, which can name hosts, roles, databases, files and
-catalog internals, is only logged.
+catalog internals, is only logged. Checking a long query and rendering a large result
+run in a worker thread, and input over `MAX_INPUT_CHARS` is refused before any work.
 
 Results: a single value is answered as that value; otherwise a JSON list of row objects,
 or `{"rows": [...], "truncated": true, "row_limit": N}` when there were more rows, with
@@ -108,8 +109,12 @@ WORK_MEM = f"{Limits().work_mem_bytes // 1024}kB"
 ROLE_TEMP_FILE_LIMIT = "64MB"
 ROLE_CONNECTION_LIMIT = 32
 MAX_ROW_CHARS = 20_000  # one result row as JSON text; longer rows are refused
+MAX_INPUT_CHARS = 2 * MAX_QUERY_CHARS  # refused before it is even stripped
 SQLITE_MAX_VALUE_BYTES = Limits().max_value_bytes  # SQLITE_LIMIT_LENGTH
 SQLITE_MAX_PROGRESS_CALLS = 200_000  # x 1000 virtual-machine instructions
+# Above these sizes, checking a query and rendering a result run in a worker thread.
+_INLINE_CHECK_CHARS = 256
+_INLINE_RENDER_CHARS = 16_000
 
 SPEC: dict[str, Any] = {
     "name": "sql",
@@ -1049,16 +1054,27 @@ class SqlTool:
     # ---- calls
 
     async def __call__(self, input: str, ctx: ToolContext) -> str:
+        # Refuse an over-long input before any work on it (the check itself is bounded
+        # by the same limit, and runs in a thread above a small size).
+        if len(input) > MAX_INPUT_CHARS:
+            raise ToolRefused(
+                f"query is longer than {MAX_QUERY_CHARS} characters", category="sql_too_complex"
+            )
         policy = await self._ensure_ready()
         query = input.strip().rstrip(";").strip()
         if not query:
             raise ToolError("empty query; send one SELECT statement")
-        checked = check_query(query, policy)
+        if len(query) > _INLINE_CHECK_CHARS:
+            checked = await asyncio.to_thread(check_query, query, policy)
+        else:
+            checked = check_query(query, policy)
         budget_ms = int(min(self.statement_timeout_ms, max(ctx.timeout_s * 1000 - 50, 50)))
         started = time.perf_counter()
         if self.backend == "postgres":
             texts = await self._run_postgres(checked, budget_ms)
-            rendered = self._render_json_rows(texts)
+            rendered = await _off_loop(
+                sum(len(t) for t in texts) > _INLINE_RENDER_CHARS, self._render_json_rows, texts
+            )
         else:
             async with self._sqlite_slots:
                 rendered = await asyncio.to_thread(self._run_sqlite, checked, budget_ms)
@@ -1169,6 +1185,10 @@ class SqlTool:
         finally:
             db.close()
         return self._render(columns, rows)
+
+
+async def _off_loop(offload: bool, fn: Any, *args: Any) -> Any:
+    return await asyncio.to_thread(fn, *args) if offload else fn(*args)
 
 
 def _quote_ident(name: str) -> str:

@@ -7,14 +7,17 @@
   its own; amplifying queries are refused before they run.
 - Driver errors reach the caller as fixed messages per kind, never the driver's text
   (which names hosts, roles, databases, paths and catalog internals).
+- Checking a long query, and rendering a large result, do not run on the event loop.
 """
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 import json
 import secrets
 import sqlite3
+import threading
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
@@ -426,3 +429,88 @@ async def test_sqlite_errors_are_fixed_messages(tmp_path: Path) -> None:
         assert await _outcome(tool, "SELECT abs(-9223372036854775807 - 1)") == (
             "ToolError: query failed: a number is out of range"
         )
+
+
+# ------------------------------------------------------- the event loop
+
+
+@pytest.mark.unit
+@pytest.mark.security
+async def test_long_query_is_checked_off_the_event_loop(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """While a long query is checked, the loop keeps running other tasks: the check
+    (made to wait for a tick of a concurrent task) only finishes if it is in a thread."""
+    loop_thread = threading.get_ident()
+    ticked = threading.Event()
+    seen: list[tuple[bool, bool]] = []
+    real_check = sql.check_query
+
+    def waiting_check(query: str, policy: sql.SqlPolicy) -> str:
+        on_loop = threading.get_ident() == loop_thread
+        if not on_loop:
+            ticked.clear()
+            ticked.wait(5)  # only a free loop can set this
+        seen.append((on_loop, ticked.is_set()))
+        return real_check(query, policy)
+
+    async def ticker(stop: asyncio.Event) -> None:
+        while not stop.is_set():
+            ticked.set()
+            await asyncio.sleep(0.001)
+
+    long_query = (
+        "SELECT " + ", ".join(f"upper(name) AS c{i}" for i in range(300)) + " FROM countries"
+        " ORDER BY population DESC LIMIT 1"
+    )
+    assert 256 < len(long_query) < sql.MAX_QUERY_CHARS
+    async with _started(None, tmp_path / "s.sqlite3") as tool:
+        monkeypatch.setattr(sql, "check_query", waiting_check)
+        stop = asyncio.Event()
+        tick_task = asyncio.create_task(ticker(stop))
+        try:
+            out = await tool(long_query, _ctx())
+        finally:
+            stop.set()
+            await tick_task
+    assert seen == [(False, True)]
+    assert json.loads(out)[0]["c0"] == "INDIA"
+
+
+@pytest.mark.unit
+@pytest.mark.security
+async def test_over_long_input_is_refused_before_any_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def no_parse(text: str) -> Any:
+        raise AssertionError("an over-long input reached the parser")
+
+    async with _started(None, tmp_path / "s.sqlite3") as tool:
+        monkeypatch.setattr(sql, "parse_sql", no_parse)
+        started = time.perf_counter()
+        for text in ["SELECT " + "1 + " * 3_000_000 + "1", "SELECT 1" + " " * 50_000_000]:
+            with pytest.raises(ToolRefused) as info:
+                await tool(text, _ctx())
+            assert info.value.category == "sql_too_complex"
+            assert "longer than" in str(info.value)
+        assert time.perf_counter() - started < 5  # generous: no work proportional to input
+
+
+@pytest.mark.integration
+async def test_large_results_render_off_the_event_loop(
+    sample_db: SampleDatabase, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    loop_thread = threading.get_ident()
+    threads: list[bool] = []
+    real_render = sql.render_rows
+
+    def recording_render(*args: Any, **kwargs: Any) -> str:
+        threads.append(threading.get_ident() == loop_thread)
+        return real_render(*args, **kwargs)
+
+    monkeypatch.setattr(sql, "render_rows", recording_render)
+    async with _started(sample_db.reader_dsn, None, pool_size=1) as tool:
+        big = json.loads(await tool("SELECT * FROM countries, generate_series(1, 5) g", _ctx()))
+        small = await tool("SELECT count(*) FROM countries", _ctx())
+    assert big["truncated"] is True and small == "40"
+    assert threads == [False, True]  # the large result off the loop, the single value on it
