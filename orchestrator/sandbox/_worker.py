@@ -721,7 +721,7 @@ class _Zygote:
         try:
             os.kill(self.pid, signal.SIGKILL)
             os.waitpid(self.pid, 0)
-        except ChildProcessError:
+        except (ChildProcessError, ProcessLookupError):
             pass
 
 
