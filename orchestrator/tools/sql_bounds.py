@@ -55,6 +55,10 @@ class Limits:
     # Byte comparisons one call of a searching function may make (instr, replace,
     # translate, LIKE on SQLite ...): neither engine can stop a call half-way.
     max_scan_bytes: int = 100_000_000
+    # Digit pairs of numeric multiplication, division, roots and logarithms in one query
+    # (about 1e10 a second): PostgreSQL does not stop an expression half-way, so a chain
+    # of divisions of 100 000-digit numbers could run far past statement_timeout.
+    max_numeric_work: float = 3e10
     recursion_rounds: int = 12
     work_mem_bytes: int = 4 * 1024 * 1024  # what one sort or hash may hold in memory
     fetch_rows: int = 201  # rows the tool reads of a result
@@ -335,6 +339,7 @@ class _Analysis:
         self.total = 0.0
         self.selects = 0
         self.steps = 0
+        self.numeric_work = 0.0
 
     # ---- bookkeeping
 
@@ -850,6 +855,16 @@ class _Analysis:
             self._memory("IN (SELECT ...)", sub.rows, sub.row_bytes(), spills=False)
         return 8
 
+    def _numeric(self, what: str, cost: float) -> None:
+        self.numeric_work += cost
+        if self.numeric_work > self.limits.max_numeric_work:
+            raise ToolRefused(
+                f"query refused: {what} on numbers this large could take too long (about "
+                f"{self.numeric_work:.2g} digit operations; the limit is "
+                f"{self.limits.max_numeric_work:.2g}); use smaller numbers",
+                category="sql_too_large",
+            )
+
     def _scan(self, what: str, cost: float) -> None:
         if cost > self.limits.max_scan_bytes:
             raise ToolRefused(
@@ -881,6 +896,8 @@ class _Analysis:
             return 2 * max(left, right) + 8
         if op == "^":
             return self._power(node.lexpr, node.rexpr)
+        if op in ("*", "/", "%"):
+            self._numeric(f"operator {op}", left * right)
         # Arithmetic: a number's digits grow by at most the digits of both operands and
         # never past NUMERIC_MAX; anything else (dates, intervals, bits, jsonb minus)
         # is at most its wider operand or small.
@@ -933,6 +950,10 @@ class _Analysis:
         n = len(bounds)
         card = env.in_rows
         rows = 1.0
+        if name in ("div", "mod", "lcm"):
+            self._numeric(f"{name}()", a0 * a1)
+        elif name in ("sqrt", "cbrt", "ln", "log", "log10"):
+            self._numeric(f"{name}()", widest * widest)
         if name in SEARCHING:
             if name in ("like", "glob"):  # like(pattern, text): SQLite caps the pattern
                 self._scan(f"{name}()", a1 * min(a0, 200))

@@ -77,7 +77,11 @@ AMPLIFIERS_PG = [
     "SELECT x FROM generate_series('2020-01-01'::timestamp, '2024-01-01'::timestamp, "
     "interval '1 second') x",
     "SELECT x FROM generate_series(now(), now() + interval '1 year', interval '1 second') x",
-    # One call that neither engine can stop half-way: a search of a big value for another.
+    # Expressions PostgreSQL cannot stop half-way: divisions of 100 000-digit numbers...
+    "WITH v AS (SELECT 2::numeric ^ 400000 AS x, 3::numeric ^ 120000 AS y) "
+    "SELECT x / y + x / y + x / y + x / y + x / y + x / y + x / y + x / y FROM v",
+    "SELECT sqrt(2::numeric ^ x) + ln(3::numeric ^ x) FROM generate_series(1, 3) x",
+    # ... and one call that neither engine can stop: a search of a big value for another.
     "SELECT translate(x, x, 'a') FROM (SELECT replace(format('%1000s', ''), ' ', "
     "format('%900s', '')) AS x) q",
 ]
@@ -159,6 +163,9 @@ ORDINARY_PG = [
     "SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY salary) FROM employees",
     "SELECT CAST(salary AS numeric(12, 2)) / 12, CAST(name AS char(40)) FROM employees",
     "SELECT x FROM generate_series(1, 1000000) x LIMIT 5",
+    "SELECT salary * 1.1, salary / 12, salary % 7, div(salary, 12), sqrt(salary) FROM employees",
+    "WITH RECURSIVE f(n, fact) AS (SELECT 1, 1::numeric UNION ALL "
+    "SELECT n + 1, fact * (n + 1) FROM f WHERE n < 20) SELECT max(fact) FROM f",
 ]
 
 ORDINARY_SQLITE = [
