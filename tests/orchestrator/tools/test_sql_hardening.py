@@ -90,6 +90,33 @@ async def test_sqlite_brackets_cannot_hide_code_inside_a_postgres_string(tmp_pat
 @pytest.mark.unit
 @pytest.mark.security
 @pytest.mark.parametrize(
+    "query",
+    [
+        "SELECT readfile('/etc/passwd')",
+        "SELECT writefile('/tmp/x', 'y')",
+        "SELECT fts3_tokenizer('simple')",
+        "SELECT load_extension('/tmp/evil.so')",
+        "SELECT randomblob(1000000000)",
+        "SELECT zeroblob(1000000000)",
+        "SELECT sqlite_version()",
+        "SELECT edit('x')",
+        "SELECT * FROM pragma_table_info('countries')",
+        "SELECT * FROM json_each('[1, 2]')",
+        "SELECT * FROM generate_series(1, 10)",
+        "SELECT length(printf('%*d', 1000000000, 1))",
+        "SELECT length(printf('%.*c', 1000000000, 'x'))",
+    ],
+)
+async def test_sqlite_only_functions_are_refused(tmp_path: Path, query: str) -> None:
+    async with _started(None, tmp_path / "s.sqlite3") as tool:
+        with pytest.raises(ToolRefused) as info:
+            await tool(query, _ctx())
+    assert info.value.category in ("sql_function", "sql_too_large"), str(info.value)
+
+
+@pytest.mark.unit
+@pytest.mark.security
+@pytest.mark.parametrize(
     "text",
     [
         "SELECT [name] FROM countries",
