@@ -406,9 +406,10 @@ def _for_sqlite(stmt: Any, schema: str) -> None:
             )
         if isinstance(node, ast.RangeVar) and node.schemaname == schema:
             node.schemaname = None
-        elif isinstance(node, ast.ColumnRef) and len(node.fields or ()) == 3:
-            if _sval(node.fields[0]) == schema:
-                node.fields = node.fields[1:]
+        elif isinstance(node, ast.ColumnRef):
+            fields = node.fields or ()
+            if len(fields) == 3 and _sval(fields[0]) == schema:
+                node.fields = fields[1:]
 
 
 _SQLITE_PUNCTUATION = frozenset("(),.+-*/%<>=!|&~^")

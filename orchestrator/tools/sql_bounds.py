@@ -171,7 +171,7 @@ def _const(node: Any) -> Any:
         if isinstance(val, ast.Integer):
             return val.ival
         if isinstance(val, ast.Float):
-            return Decimal(val.fval)
+            return Decimal(val.fval or "0")
         if isinstance(val, ast.String):
             return val.sval
         if isinstance(val, ast.Boolean):
@@ -181,18 +181,18 @@ def _const(node: Any) -> Any:
     return _NOT_CONST
 
 
-def _const_bytes(node: ast.A_Const) -> float:
+def _const_bytes(node: Any) -> float:
     if node.isnull:
         return 4
     val = node.val
     if isinstance(val, ast.String):
-        return len(val.sval.encode())
+        return len((val.sval or "").encode())
     if isinstance(val, ast.Integer):
         return len(str(val.ival))
     if isinstance(val, ast.Float):
-        return len(val.fval) + 2
+        return len(val.fval or "") + 2
     if isinstance(val, ast.BitString):
-        return 4 * len(val.bsval) + 2  # x'ff' is 8 bits as text
+        return 4 * len(val.bsval or "") + 2  # x'ff' is 8 bits as text
     return 8
 
 
@@ -373,7 +373,7 @@ class _Analysis:
 
     # ---- statements
 
-    def top(self, stmt: ast.SelectStmt) -> _Rel:
+    def top(self, stmt: Any) -> _Rel:
         rel = self.select(stmt, _Env(None))
         fetched = min(rel.rows, self.limits.fetch_rows) * rel.row_bytes()
         if fetched > self.limits.max_result_bytes:
@@ -382,7 +382,7 @@ class _Analysis:
         self._memory("a result row as JSON", 1, 6 * rel.row_bytes(), spills=False)
         return rel
 
-    def select(self, node: ast.SelectStmt, outer: _Env) -> _Rel:
+    def select(self, node: Any, outer: _Env) -> _Rel:
         self._step()
         self.selects += 1
         if self.selects > self.limits.max_selects:
@@ -420,8 +420,10 @@ class _Analysis:
 
         outputs: list[tuple[str | None, float]] = []
         for target in node.targetList or ():
-            val = target.val
-            if isinstance(val, ast.ColumnRef) and isinstance(val.fields[-1], ast.A_Star):
+            val: Any = target.val
+            if isinstance(val, ast.ColumnRef) and isinstance(
+                (val.fields or (None,))[-1], ast.A_Star
+            ):
                 outputs.extend(self._star(val, env))
                 continue
             bound = self.expr(val, env)
@@ -454,7 +456,7 @@ class _Analysis:
         rows *= env.srf_rows
         return _Rel(outputs, self._limited(node, rows))
 
-    def _tail(self, node: ast.SelectStmt, env: _Env) -> None:
+    def _tail(self, node: Any, env: _Env) -> None:
         if node.sortClause:
             for item in node.sortClause:
                 self.expr(item, env)
@@ -463,7 +465,7 @@ class _Analysis:
             if item is not None:
                 self.expr(item, env)
 
-    def _limited(self, node: ast.SelectStmt, rows: float) -> float:
+    def _limited(self, node: Any, rows: float) -> float:
         if node.limitOption == node_enums.LimitOption.LIMIT_OPTION_WITH_TIES:
             return rows
         count = _const(node.limitCount) if node.limitCount is not None else _NOT_CONST
@@ -471,7 +473,7 @@ class _Analysis:
             return min(rows, count)
         return rows
 
-    def _set_operation(self, node: ast.SelectStmt, env: _Env) -> _Rel:
+    def _set_operation(self, node: Any, env: _Env) -> _Rel:
         left = self.select(node.larg, env)
         right = self.select(node.rarg, env)
         cols = [
@@ -490,7 +492,7 @@ class _Analysis:
         self._tail(node, env)
         return _Rel(cols, self._limited(node, rows))
 
-    def _with(self, clause: ast.WithClause, env: _Env) -> None:
+    def _with(self, clause: Any, env: _Env) -> None:
         ctes = list(clause.ctes or ())
         if not clause.recursive:
             for cte in ctes:
@@ -546,16 +548,17 @@ class _Analysis:
     def _from_item(self, item: Any, env: _Env) -> _Factor:
         self._step()
         if isinstance(item, ast.RangeVar):
-            alias = item.alias.aliasname if item.alias else item.relname
-            cte = env.cte(item.relname) if item.schemaname is None else None
+            relname = item.relname or ""
+            alias = (item.alias.aliasname if item.alias else None) or relname
+            cte = env.cte(relname) if item.schemaname is None else None
             if cte is not None:
                 rel = _Rel(list(cte.cols), cte.rows)
             else:
-                columns = self.shape.columns.get(item.relname, {})
+                columns = self.shape.columns.get(relname, {})
                 rel = _Rel(
                     [(c, float(b)) for c, b in columns.items()],
-                    float(self.shape.rows.get(item.relname, DEFAULT_TABLE_ROWS)),
-                    table=item.relname,
+                    float(self.shape.rows.get(relname, DEFAULT_TABLE_ROWS)),
+                    table=relname,
                 )
             if item.alias is not None:
                 rel = rel.renamed(_string_list(item.alias.colnames))
@@ -563,12 +566,12 @@ class _Analysis:
             return _Factor(alias, rel, keyable=cte is None)
         if isinstance(item, ast.RangeSubselect):
             rel = self.select(item.subquery, env)
-            alias = item.alias.aliasname if item.alias else None
+            sub_alias = item.alias.aliasname if item.alias else None
             if item.alias is not None:
                 rel = rel.renamed(_string_list(item.alias.colnames))
-            if alias:
-                env.rels[alias] = rel
-            return _Factor(alias, rel, keyable=False)
+            if sub_alias:
+                env.rels[sub_alias] = rel
+            return _Factor(sub_alias, rel, keyable=False)
         if isinstance(item, ast.RangeFunction):
             rows = 0.0
             cols: list[tuple[str | None, float]] = []
@@ -581,15 +584,15 @@ class _Analysis:
             if item.ordinality:
                 cols.append(("ordinality", 24.0))
             rel = _Rel(cols, rows)
-            alias = None
+            fn_alias: str | None = None
             if item.alias is not None:
-                alias = item.alias.aliasname
+                fn_alias = item.alias.aliasname
                 rel = rel.renamed(_string_list(item.alias.colnames))
             elif len(cols) == 1 or (item.ordinality and len(cols) == 2):
-                alias = cols[0][0]
-            if alias:
-                env.rels[alias] = rel
-            return _Factor(alias, rel, keyable=False)
+                fn_alias = cols[0][0]
+            if fn_alias:
+                env.rels[fn_alias] = rel
+            return _Factor(fn_alias, rel, keyable=False)
         if isinstance(item, ast.JoinExpr):
             left = self._from_item(item.larg, env)
             right = self._from_item(item.rarg, env)
@@ -600,7 +603,9 @@ class _Analysis:
                 None, rel, keyable=False, join=(item.jointype, left, right, _conjuncts(item.quals))
             )
             if item.alias is not None:
-                env.rels[item.alias.aliasname] = rel.renamed(_string_list(item.alias.colnames))
+                env.rels[item.alias.aliasname or ""] = rel.renamed(
+                    _string_list(item.alias.colnames)
+                )
             return factor
         raise ToolRefused(f"{type(item).__name__} is not allowed in FROM", category="sql_construct")
 
@@ -653,7 +658,7 @@ class _Analysis:
         if not isinstance(ref, ast.ColumnRef):
             return None
         names = _string_list(ref.fields)
-        if len(names) != len(ref.fields):
+        if len(names) != len(ref.fields or ()):
             return None
         if len(names) >= 2 and names[-2] == factor.alias:
             return names[-1]
@@ -674,7 +679,7 @@ class _Analysis:
         if not isinstance(expr, ast.ColumnRef):
             return False
         names = _string_list(expr.fields)
-        if len(names) != len(expr.fields):
+        if len(names) != len(expr.fields or ()):
             return False
         aliases = {f.alias for f in factors}
         if len(names) >= 2:
@@ -713,7 +718,7 @@ class _Analysis:
 
     # ---- names
 
-    def _star(self, ref: ast.ColumnRef, env: _Env) -> list[tuple[str | None, float]]:
+    def _star(self, ref: Any, env: _Env) -> list[tuple[str | None, float]]:
         names = _string_list(ref.fields[:-1])
         if names:
             for level in env.chain():
@@ -736,7 +741,7 @@ class _Analysis:
             widest = max([widest, *(b for _, b in level.outputs)])
         return widest
 
-    def _column(self, ref: ast.ColumnRef, env: _Env) -> float:
+    def _column(self, ref: Any, env: _Env) -> float:
         fields = ref.fields
         if isinstance(fields[-1], ast.A_Star):  # t.* as a value: the whole row
             names = _string_list(fields[:-1])
@@ -808,9 +813,10 @@ class _Analysis:
         if isinstance(node, ast.CoalesceExpr | ast.MinMaxExpr):
             return max((self.expr(a, env) for a in node.args or ()), default=4)
         if isinstance(node, ast.A_ArrayExpr | ast.RowExpr):
-            items = node.elements if isinstance(node, ast.A_ArrayExpr) else node.args
-            items = list(items or ())
-            return 2 * sum(self.expr(a, env) for a in items) + 2 * len(items) + 8
+            elements: list[Any] = list(
+                (node.elements if isinstance(node, ast.A_ArrayExpr) else node.args) or ()
+            )
+            return 2 * sum(self.expr(a, env) for a in elements) + 2 * len(elements) + 8
         if isinstance(node, ast.SubLink):
             return self._sublink(node, env)
         if isinstance(node, ast.A_Indirection):
@@ -841,7 +847,7 @@ class _Analysis:
             f"{type(node).__name__} cannot be bounded; it is not allowed", category="sql_construct"
         )
 
-    def _sublink(self, node: ast.SubLink, env: _Env) -> float:
+    def _sublink(self, node: Any, env: _Env) -> float:
         self.expr(node.testexpr, env)
         sub = self.select(node.subselect, env)
         kind = node.subLinkType
@@ -873,7 +879,7 @@ class _Analysis:
                 category="sql_too_large",
             )
 
-    def _operator(self, node: ast.A_Expr, env: _Env) -> float:
+    def _operator(self, node: Any, env: _Env) -> float:
         left = self.expr(node.lexpr, env)
         right = self.expr(node.rexpr, env)
         kind = node.kind
@@ -910,7 +916,7 @@ class _Analysis:
         digits = abs(float(e)) * math.log10(abs(float(b)) + 1) + SMALL
         return min(digits, NUMERIC_MAX)
 
-    def _cast(self, node: ast.TypeCast, env: _Env) -> float:
+    def _cast(self, node: Any, env: _Env) -> float:
         inner = self.expr(node.arg, env)
         names = _string_list(node.typeName.names)
         typ = names[-1] if names else ""
@@ -929,7 +935,7 @@ class _Analysis:
 
     # ---- calls
 
-    def _call(self, node: ast.FuncCall, env: _Env, *, in_from: bool) -> tuple[float, float]:
+    def _call(self, node: Any, env: _Env, *, in_from: bool) -> tuple[float, float]:
         """(bound of one value, rows it returns) for a function call."""
         name = _function_name(node)
         args = list(node.args or ())
@@ -1098,6 +1104,7 @@ class _Analysis:
 
     def _replace(self, args: list[Any], a0: float, a2: float) -> float:
         pattern = _const(args[1]) if len(args) > 1 else _NOT_CONST
+        growth: float
         if isinstance(pattern, str) and pattern:
             growth = math.ceil(a2 / len(pattern.encode()))
         else:
@@ -1106,6 +1113,7 @@ class _Analysis:
 
     def _regexp_replace(self, args: list[Any], a0: float, a2: float) -> float:
         replacement = _const(args[2]) if len(args) > 2 else _NOT_CONST
+        each: float
         if isinstance(replacement, str) and "\\" not in replacement:
             each = len(replacement.encode())
         else:
@@ -1136,7 +1144,7 @@ class _Analysis:
         fmt = _const(args[0]) if args else _NOT_CONST
         if not isinstance(fmt, str):
             raise ToolRefused(f"{name} needs a constant format string", category="sql_too_large")
-        size = len(fmt.encode()) + 8
+        size: float = len(fmt.encode()) + 8
         if self.dialect == "postgres":
             for match in _PG_FORMAT_SPEC.finditer(fmt):
                 size += max(self._width(match.group(3), name), 2 * widest + 3)
@@ -1182,7 +1190,7 @@ def _merge(old: _Rel, new: _Rel) -> _Rel:
 
 
 def _string_list(items: Iterable[Any] | None) -> list[str]:
-    return [i.sval for i in items or () if isinstance(i, ast.String)]
+    return [i.sval for i in items or () if isinstance(i, ast.String) and i.sval is not None]
 
 
 def _distinct(rels: Iterable[_Rel]) -> list[_Rel]:
@@ -1242,7 +1250,7 @@ def _grouping_sets(node: Any) -> float:
     return 1.0
 
 
-def _function_name(node: ast.FuncCall) -> str:
+def _function_name(node: Any) -> str:
     names = _string_list(node.funcname)
     return names[-1] if names else ""
 
@@ -1251,9 +1259,11 @@ def _describe(node: Any) -> str:
     if isinstance(node, ast.FuncCall):
         return f"{_function_name(node)}()"
     if isinstance(node, ast.A_Expr):
-        return f"operator {'.'.join(_string_list(node.name)) or node.kind.name}"
+        kind = node.kind.name if node.kind is not None else "?"
+        return f"operator {'.'.join(_string_list(node.name)) or kind}"
     if isinstance(node, ast.TypeCast):
-        return f"a cast to {'.'.join(_string_list(node.typeName.names))}"
+        names = _string_list(node.typeName.names if node.typeName else ())
+        return f"a cast to {'.'.join(names)}"
     if isinstance(node, ast.SubLink):
         return "a subquery"
     return {"ColumnRef": "a column", "A_ArrayExpr": "an ARRAY[...]", "RowExpr": "a ROW(...)"}.get(
@@ -1273,7 +1283,7 @@ def _figure_name(node: Any) -> str | None:
         inner = _figure_name(node.arg)
         if inner is not None:
             return inner
-        names = _string_list(node.typeName.names)
+        names = _string_list(node.typeName.names if node.typeName else ())
         return names[-1] if names else None
     if isinstance(node, ast.A_Indirection):
         last = node.indirection[-1] if node.indirection else None
@@ -1304,7 +1314,7 @@ def _figure_name(node: Any) -> str | None:
 
 
 def check_bounds(
-    stmt: ast.SelectStmt,
+    stmt: Any,
     shape: DataShape,
     *,
     dialect: str = "postgres",
