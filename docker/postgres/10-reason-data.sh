@@ -46,12 +46,20 @@ ALTER ROLE :"role" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NORE
 -- Member of no role.
 SELECT format('REVOKE %I FROM %I', roleid::regrole::text, :'role')
     FROM pg_auth_members WHERE member = (SELECT oid FROM pg_roles WHERE rolname = :'role') \gexec
--- Every session of the role is read-only and bounded, whatever the client asks for.
+-- Every session of the role is read-only and bounded, whatever the client asks for: the
+-- settings of ROLE_SETTINGS in orchestrator/tools/sql.py (a deploy test ties the two).
 ALTER ROLE :"role" SET default_transaction_read_only = on;
 ALTER ROLE :"role" SET statement_timeout = '5000ms';
 ALTER ROLE :"role" SET lock_timeout = '1000ms';
 ALTER ROLE :"role" SET idle_in_transaction_session_timeout = '10000ms';
 ALTER ROLE :"role" SET search_path = pg_catalog, :"schema", pg_temp;
+-- Memory and disk one query may use (the tool sets the same per call; these hold for
+-- any client of the role). temp_file_limit needs a superuser, which this step runs as.
+ALTER ROLE :"role" SET work_mem = '4096kB';
+ALTER ROLE :"role" SET hash_mem_multiplier = '1';
+ALTER ROLE :"role" SET max_parallel_workers_per_gather = '0';
+ALTER ROLE :"role" SET jit = 'off';
+ALTER ROLE :"role" SET temp_file_limit = '64MB';
 
 REVOKE ALL ON SCHEMA :"schema" FROM PUBLIC;
 GRANT USAGE ON SCHEMA :"schema" TO :"role";

@@ -651,6 +651,11 @@ def test_postgres_init_loads_the_seed_and_makes_a_read_only_role() -> None:
         settings = psql("-c", f"select rolconfig from pg_roles where rolname='{role}'").stdout
         assert "default_transaction_read_only=on" in settings
         assert "statement_timeout=5000ms" in settings and "lock_timeout=1000ms" in settings
+        # the same role settings the SQL tool's own `db init` gives the reader
+        from orchestrator.tools.sql import ROLE_SETTINGS, ROLE_TEMP_FILE_LIMIT
+
+        for name, value in (*ROLE_SETTINGS, ("temp_file_limit", ROLE_TEMP_FILE_LIMIT)):
+            assert f"{name}={value}" in settings, (name, value, settings)
         # a role membership granted later is taken away by the next run
         psql("-c", f"GRANT pg_read_all_data TO {role}")
         out = subprocess.run(["bash", script], capture_output=True, text=True, env=env, timeout=60)
