@@ -210,18 +210,19 @@ class Sandbox:
         settings: SandboxSettings = SandboxSettings(),
         *,
         _ast_check: bool = True,
+        _restricted: bool | None = None,
         _preload: tuple[str, ...] = (),
         _without: tuple[str, ...] = (),
-        _tmp_root: str | None = None,
     ) -> None:
         # The underscore arguments exist for tests of the boundary: they turn off the
-        # static check and the restricted builtins, pre-import extra modules in the
-        # worker, or leave out optional per-job layers ("landlock", "seccomp"), so that
-        # the tests can show what the other layers hold on their own. `_tmp_root` is
-        # accepted for older tests and unused: jobs no longer get a directory at all.
-        del _tmp_root
+        # static check and (unless `_restricted` says otherwise) the restricted
+        # builtins, pre-import extra modules in the worker, or leave out optional
+        # per-job layers ("landlock", "seccomp"), so that the tests can show what the
+        # other layers hold on their own (`_ast_check=False, _restricted=True`: the
+        # restricted builtins and module copies without the static check in front).
         self.settings = settings
         self._ast_check = _ast_check
+        self._restricted = _ast_check if _restricted is None else _restricted
         self._preload = tuple(_preload)
         self._without = tuple(_without)
         self._idle: asyncio.Queue[_Worker] = asyncio.Queue()
@@ -310,7 +311,7 @@ class Sandbox:
             "allowed_modules": sorted(ALLOWED_MODULES),
             "hidden_names": sorted(REFLECTIVE_FUNCTIONS),
             "preload": list(self._preload),
-            "restricted": self._ast_check,
+            "restricted": self._restricted,
             "without": list(self._without),
         }
 

@@ -58,8 +58,8 @@ def host_uid_of_jobs() -> int:
     return 65534 if os.geteuid() == 0 else os.geteuid()
 
 
-async def assert_clean(sandbox: Sandbox, tmp_root: Path | None = None) -> None:
-    """The sandbox still answers, and no process (or file in `tmp_root`) was left behind.
+async def assert_clean(sandbox: Sandbox) -> None:
+    """The sandbox still answers, and no process was left behind.
 
     Each worker has exactly one child, its zygote (pid 1 of the worker's pid namespace),
     and each zygote exactly one child: the spare for the next job, forked and confined
@@ -86,18 +86,11 @@ async def assert_clean(sandbox: Sandbox, tmp_root: Path | None = None) -> None:
         _, state, uid = table[pid]
         assert state == "S", f"spare {pid} is {state}, not blocked on its job pipe"
         assert uid == host_uid_of_jobs()
-    if tmp_root is not None:  # jobs cannot create files anywhere, this directory included
-        assert os.listdir(tmp_root) == []
 
 
 @pytest.fixture
 def job_uid() -> int:
     return host_uid_of_jobs()
-
-
-@pytest.fixture(scope="module")
-def tmp_root(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    return tmp_path_factory.mktemp("sandbox-jobs")
 
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
