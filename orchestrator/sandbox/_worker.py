@@ -282,11 +282,16 @@ _HIDDEN = frozenset(CONFIG["hidden_names"])
 
 
 def _module_view(module: types.ModuleType) -> types.ModuleType:
-    """A copy of an allowed module without private names and without other modules.
+    """A copy of an allowed module without private names, other modules or hidden names.
 
-    `fractions.sys`, `statistics.random`, `re.enum` ... would lead to `sys.modules`.
+    `fractions.sys`, `statistics.random`, `re.enum` ... would lead to `sys.modules`;
+    the hidden names are every plain attribute name the static check refuses
+    (`datetime.datetime_CAPI`, `functools.wraps`, aliases found by its module walk).
+    The copy's `__name__` is no key of `sys.modules` (nor is any "<name>.<attr>"), so
+    the interpreter's fallback of `from X import Y` to `sys.modules["X.Y"]` finds
+    nothing from a copy.
     """
-    view = types.ModuleType(module.__name__)
+    view = types.ModuleType(f"<sandbox {module.__name__}>")
     for attr, value in vars(module).items():
         if attr.startswith("_") or isinstance(value, types.ModuleType) or attr in _HIDDEN:
             continue
@@ -298,9 +303,15 @@ _VIEWS = {name: _module_view(sys.modules[name]) for name in sorted(ALLOWED_MODUL
 
 
 def _guarded_import(name, globals=None, locals=None, fromlist=(), level=0):
-    if level != 0 or name not in _VIEWS:
+    view = _VIEWS.get(name)
+    if level != 0 or view is None:
         raise ImportError(f"import of {name!r} is not allowed")
-    return _VIEWS[name]
+    # `from X import Y` with Y missing from the copy would fall back to
+    # sys.modules["X.Y"] (the real `collections.abc` for `from collections import abc`).
+    for attr in fromlist or ():
+        if not isinstance(attr, str) or attr not in vars(view):
+            raise ImportError(f"cannot import name {attr!r} from {name!r}")
+    return view
 
 
 def _safe_builtins() -> dict:

@@ -98,7 +98,7 @@ BANNED_NAMES: frozenset[str] = frozenset(
 # (getattr/setattr in disguise) or evaluate strings. Refused as names, as attributes
 # (`functools.singledispatch`, also under an alias of the module) and as from-imports,
 # and left out of the module copies that the worker hands to the code (the service
-# passes this set to the worker as the names to hide).
+# passes BANNED_ATTRIBUTES, which includes this set, to the worker as the names to hide).
 #
 # - `attrgetter`, `methodcaller`: `getattr` by string.
 # - `update_wrapper`, `wraps`: `getattr`/`setattr` of the attribute names given in

@@ -31,7 +31,7 @@ import structlog
 
 from orchestrator.sandbox.checker import (
     ALLOWED_MODULES,
-    REFLECTIVE_FUNCTIONS,
+    BANNED_ATTRIBUTES,
     SourceSyntaxError,
     check_source,
 )
@@ -309,7 +309,9 @@ class Sandbox:
             "max_output_chars": self.settings.max_output_chars,
             "network_isolation": self.settings.network_isolation,
             "allowed_modules": sorted(ALLOWED_MODULES),
-            "hidden_names": sorted(REFLECTIVE_FUNCTIONS),
+            # Every plain attribute name the check refuses (REFLECTIVE_FUNCTIONS among
+            # them) is left out of the module copies too.
+            "hidden_names": sorted(BANNED_ATTRIBUTES),
             "preload": list(self._preload),
             "restricted": self._restricted,
             "without": list(self._without),
