@@ -122,6 +122,42 @@ def fib(n):
     ]  # fmt: skip
 
 
+# datetime's C code imports `time` (strftime, timetuple) and `_strptime` (strptime)
+# through the job's `__import__`; the code itself may still not import them.
+DATETIME_FORMATTING = {
+    "strftime": ("import datetime\ndatetime.date(2024, 2, 29).strftime('%Y/%m/%d %a')",
+                 "2024/02/29 Thu"),
+    "format_spec": ("import datetime\nd = datetime.date(2024, 2, 29)\nf'{d:%Y}'", "2024"),
+    "timetuple": ("import datetime\nlist(datetime.date(2024, 2, 29).timetuple())",
+                  [2024, 2, 29, 0, 0, 0, 3, 60, -1]),
+    "strptime": ("from datetime import datetime\n"
+                 "datetime.strptime('2024-02-29 13:05', '%Y-%m-%d %H:%M').isoformat()",
+                 "2024-02-29T13:05:00"),
+    "strptime_twice": ("from datetime import datetime\n"
+                       "[datetime.strptime(s, '%d.%m.%Y').day for s in ('1.2.2024', '3.4.2025')]",
+                       [1, 3]),
+    "datetime_strftime_tz": ("import datetime\n"
+                             "datetime.datetime(2024, 1, 1, tzinfo=datetime.timezone.utc)"
+                             ".strftime('%H:%M %z %Z')",
+                             "00:00 +0000 UTC"),
+}  # fmt: skip
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("name", sorted(DATETIME_FORMATTING))
+async def test_datetime_formatting_and_parsing_work(sandbox: Sandbox, name: str) -> None:
+    code, expected = DATETIME_FORMATTING[name]
+    outcome = await sandbox.run(code, {}, 5.0)
+    assert (outcome.status, outcome.result) == ("ok", expected), outcome
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("code", ["import time", "import _strptime", "from time import sleep"])
+async def test_time_modules_stay_refused(sandbox: Sandbox, code: str) -> None:
+    outcome = await sandbox.run(code, {}, 5.0)
+    assert (outcome.status, outcome.category) == ("refused", "banned_import"), outcome
+
+
 @pytest.mark.integration
 async def test_stdout_is_captured_and_capped(sandbox: Sandbox) -> None:
     outcome = await sandbox.run("print('a')\nprint('b', 2)", {}, 5.0)

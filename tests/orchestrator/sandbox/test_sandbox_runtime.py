@@ -101,3 +101,16 @@ async def test_refused_attributes_are_absent_from_module_copies(
 async def test_datetime_capi_cannot_be_imported_from(runtime_sandbox: Sandbox) -> None:
     outcome = await runtime_sandbox.run("from datetime import datetime_CAPI", {}, 5.0)
     assert outcome.status == "error" and outcome.error.startswith("ImportError"), outcome
+
+
+async def test_internal_imports_give_nothing(runtime_sandbox: Sandbox) -> None:
+    """`time` and `_strptime` pass the import (datetime's C code needs them) but are empty."""
+    code = (
+        "t = __import__('time')\ns = __import__('_strptime')\n"
+        "result = [n for n in [*t.__dict__, *s.__dict__] if not n.startswith('__')]"
+    )
+    outcome = await runtime_sandbox.run(code, {}, 5.0)
+    assert (outcome.status, outcome.result) == ("ok", []), outcome
+    for code in ("from time import sleep", "from _strptime import _strptime_datetime"):
+        outcome = await runtime_sandbox.run(code, {}, 5.0)
+        assert outcome.status == "error" and outcome.error.startswith("ImportError"), outcome
