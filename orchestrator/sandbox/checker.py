@@ -20,7 +20,8 @@ may not write itself:
 - `from X import Y` is checked like the attribute `X.Y` (and `Y` like a name): it binds
   `X.Y` without any Attribute node in the tree, and at run time the interpreter falls
   back from a missing attribute to `sys.modules["X.Y"]`, so `from collections import
-  abc` would hand out the real `collections.abc` module, past the worker's module copy.
+  abc` would hand out the real `collections.abc` module, past the worker's module copy
+  (the worker's `__import__` now refuses that too; the check does not rely on it).
 - Annotations are ordinary expressions, evaluated when the `def` runs and checked like
   any other; string literals (str, bytes, f-strings) anywhere inside an annotation are
   refused. A string annotation is a forward reference: something may `eval` it later
