@@ -10,7 +10,10 @@ Bounds make every evaluation fast (well under a millisecond for any accepted inp
 the source length, the AST node count and depth, the exponent (|exp| <= 1000), and the
 size of every intermediate result (numerator and denominator at most `MAX_DIGITS`
 decimal digits) are checked, a power *before* it is computed, so `9**9**9` is refused
-without being evaluated.
+without being evaluated. Parsing numbers out of text (`parse_number`, `parse_quantity`,
+`as_fraction`) has the same bounds: at most `MAX_SOURCE_CHARS` characters, and a
+written exponent or digit count past `MAX_DIGITS` is refused before any big integer is
+built, so `1e30000000` costs microseconds, not the seconds `Fraction()` would spend.
 
 This module imports no service package; the planner, orchestrator and verifier may all
 import it.
@@ -71,16 +74,24 @@ _UNIT_RE = re.compile(r"(?:1/)?[A-Za-z°µΩ%][A-Za-z°µΩ%/·*^\-\d .()]{0,40}
 _FORMATTED_RE = re.compile(r"(?P<dec>\S+)\s*\((?P<frac>[-+]?\d+/\d+)\)")
 
 
+def _within_bounds(value: Fraction) -> Fraction | None:
+    if value.numerator.bit_length() > _MAX_BITS or value.denominator.bit_length() > _MAX_BITS:
+        return None
+    return value
+
+
 def _parse_plain(text: str) -> Fraction | None:
     text = text.strip()
     if not text or len(text) > MAX_SOURCE_CHARS:
         return None
     m = _FRACTION_RE.fullmatch(text)
     if m:
+        if max(len(m["num"]), len(m["den"])) > MAX_DIGITS + 1:
+            return None
         den = int(m["den"])
         if den == 0:
             return None
-        return Fraction(int(m["num"].replace("\u2212", "-")), den)
+        return _within_bounds(Fraction(int(m["num"].replace("\u2212", "-")), den))
     m = _NUMBER_RE.fullmatch(text)
     if m:
         return _match_to_fraction(m)
@@ -90,11 +101,21 @@ def _parse_plain(text: str) -> Fraction | None:
     return None
 
 
-def _match_to_fraction(m: re.Match[str]) -> Fraction:
+def _match_to_fraction(m: re.Match[str]) -> Fraction | None:
+    """The matched number, or None when it has more than `MAX_DIGITS` digits either way.
+
+    The digit count and the exponent are checked on the text first: `Fraction("1e9999")`
+    builds a 10,000-digit integer, and the time that takes grows faster than the exponent.
+    """
     body = m["body"].replace(",", "")
     if body.endswith("."):
         body = body[:-1]
-    value = Fraction(body + (m["exp"] or ""))
+    exp = m["exp"] or ""
+    if len(body) > MAX_DIGITS + 1 or (exp and abs(int(exp[1:])) > MAX_DIGITS):
+        return None
+    value = _within_bounds(Fraction(body + exp))
+    if value is None:
+        return None
     return -value if m["sign"] in ("-", "\u2212") else value
 
 
@@ -104,8 +125,11 @@ def parse_number(text: str) -> Fraction | None:
     Accepts integers, decimals, scientific notation (`1.5e-3`), thousands separators
     (`1,234.5`), a leading currency sign, fractions (`-3/4`), percentages (`15%` ->
     3/20) and this module's own output (`0.3333333333 (1/3)` -> 1/3). Anything else,
-    including trailing words, gives None.
+    including trailing words, gives None; so does text longer than `MAX_SOURCE_CHARS` and
+    a number with more than `MAX_DIGITS` digits in its numerator or denominator.
     """
+    if len(text) > MAX_SOURCE_CHARS:
+        return None
     m = _FORMATTED_RE.fullmatch(text.strip())
     if m:
         return _parse_plain(m["frac"])
@@ -118,13 +142,16 @@ def parse_quantity(text: str) -> tuple[Fraction, str] | None:
     if exact is not None:
         return exact, ""
     text = text.strip()
+    if len(text) > MAX_SOURCE_CHARS:
+        return None
     m = _NUMBER_RE.match(text)
     if not m:
         return None
     rest = text[m.end() :].strip()
     if not _UNIT_RE.fullmatch(rest):
         return None
-    return _match_to_fraction(m), rest
+    value = _match_to_fraction(m)
+    return None if value is None else (value, rest)
 
 
 def as_fraction(value: Any) -> Number:
@@ -140,15 +167,25 @@ def as_fraction(value: Any) -> Number:
             raise ArithError(f"not a finite number: {value!r}")
         return value
     if isinstance(value, Decimal):
-        if not value.is_finite():
-            raise ArithError(f"not a finite number: {value}")
-        return Fraction(value)
+        return _decimal_fraction(value)
     if isinstance(value, str):
         parsed = parse_number(value)
         if parsed is None:
             raise ArithError(f"not a number: {value[:60]!r}")
         return parsed
     raise ArithError(f"not a number: {type(value).__name__}")
+
+
+def _decimal_fraction(value: Decimal) -> Fraction:
+    """A finite Decimal as a Fraction, refused before building more than `MAX_DIGITS`
+    digits (`Fraction(Decimal("1e999999999"))` would build a billion-digit integer)."""
+    if not value.is_finite():
+        raise ArithError(f"not a finite number: {value}")
+    t = value.as_tuple()
+    assert isinstance(t.exponent, int)  # finite
+    if len(t.digits) > MAX_DIGITS or abs(t.exponent) > MAX_DIGITS:
+        raise ArithLimitError(f"number has more than {MAX_DIGITS} digits")
+    return Fraction(value)
 
 
 # ------------------------------------------------------------------ rewriting
@@ -586,9 +623,11 @@ def format_number(value: Any, places: int = 10) -> str:
     if isinstance(value, int):
         return str(value)
     if isinstance(value, Decimal):
-        value = Fraction(value)
+        value = _decimal_fraction(value)
     if not isinstance(value, Fraction):
         raise ArithError(f"not a number: {type(value).__name__}")
+    if value.numerator.bit_length() > _MAX_BITS or value.denominator.bit_length() > _MAX_BITS:
+        raise ArithLimitError(f"number has more than {MAX_DIGITS} digits")
     if value.denominator == 1:
         return str(value.numerator)
     if _is_terminating(value) and _decimal_places_needed(value.denominator) <= 30:
@@ -597,8 +636,11 @@ def format_number(value: Any, places: int = 10) -> str:
     leading = 0
     while abs(value) * 10 ** (leading + 1) < 1:
         leading += 1
-    shown = _decimal_string(value, places + leading)
-    return f"{shown} ({value.numerator}/{value.denominator})"
+    exact = f"({value.numerator}/{value.denominator})"
+    if places + leading > MAX_ROUND_DIGITS:  # too many zeros to write out: 3.3e-201
+        mantissa = _decimal_string(value * 10 ** (leading + 1), places - 1)
+        return f"{mantissa}e-{leading + 1} {exact}"
+    return f"{_decimal_string(value, places + leading)} {exact}"
 
 
 def _decimal_places_needed(den: int) -> int:
