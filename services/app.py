@@ -1,8 +1,10 @@
 """The app factory every service is built with.
 
 It adds `/healthz`, `/readyz`, `/metrics`, the error handlers that map everything to the
-one error body, and the trace middleware: trace context in, `X-Trace-Id` out, body size
-and content-type checks, and one canonical log line per request.
+one error body, and the trace middleware: trace context in, `X-Trace-Id` out, the limits
+of the HTTP front (header bytes 431, requests in flight 503, body size 413 and body read
+time 408, each answered in the error body before the app runs), content-type checks, and
+one canonical log line per request.
 """
 
 from __future__ import annotations
@@ -24,16 +26,21 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from services import tracing
 from services.errors import (
+    ClientClosed,
+    HeadersTooLarge,
     InvalidRequest,
     MethodNotAllowed,
     NotFound,
+    Overloaded,
     PayloadTooLarge,
+    RequestTimeout,
     ServiceError,
     UnsupportedMediaType,
     ValidationFailed,
     error_body,
     error_headers,
 )
+from services.settings import HttpLimits
 
 log = structlog.get_logger("http")
 
@@ -49,13 +56,21 @@ HTTP_LATENCY = Histogram(
 
 ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
+_PROBES = {"/healthz", "/readyz", "/metrics"}
+_MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is over any body limit
 
 
-def _json_response(exc: ServiceError, status: int | None = None) -> JSONResponse:
+def _json_response(
+    exc: ServiceError, status: int | None = None, *, close: bool = False
+) -> JSONResponse:
+    """The error body; `close` when the request's body may be left unread on the socket."""
+    headers = error_headers(exc)
+    if close:
+        headers["Connection"] = "close"
     return JSONResponse(
         error_body(exc, tracing.current_trace_id()),
         status_code=status or exc.status_code,
-        headers=error_headers(exc),
+        headers=headers,
     )
 
 
@@ -67,23 +82,39 @@ def _is_json(content_type: str) -> bool:
 
 
 class TraceMiddleware:
-    """Pure ASGI middleware, so streaming responses and disconnects pass through intact."""
+    """Pure ASGI middleware, so streaming responses and disconnects pass through intact.
 
-    def __init__(self, app: ASGIApp, *, service: str, max_body_bytes: int) -> None:
+    A request's body (POST, PUT, PATCH) is read here, whole, before the app runs: at
+    most `max_body_bytes` (413, whether the client sent a Content-Length or chunks) within
+    `body_read_timeout_s` (408), so a client that declares a body and never sends it
+    holds its request for a bounded time. The app then reads the buffered body; later
+    `receive()` calls reach the server, so disconnects are still seen.
+    """
+
+    def __init__(self, app: ASGIApp, *, service: str, limits: HttpLimits) -> None:
         self.app = app
         self.service = service
-        self.max_body_bytes = max_body_bytes
+        self.limits = limits
+        self.max_body_bytes = limits.max_body_bytes
+        self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
             await self.app(scope, receive, send)
             return
-        headers = {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        header_bytes = sum(len(k) + len(v) for k, v in scope["headers"])
+        oversized = header_bytes > self.limits.max_header_bytes
+        headers = (
+            {}
+            if oversized  # not even decoded: a fresh trace context, the request refused
+            else {k.decode("latin-1").lower(): v.decode("latin-1") for k, v in scope["headers"]}
+        )
         ctx = tracing.context_from_headers(headers.get("traceparent"), headers.get("x-request-id"))
         token = tracing.activate(ctx)
         started = time.perf_counter_ns()
         state = {"status": 500, "started": False}
         method = scope["method"]
+        counted = not (method == "GET" and scope.get("path") in _PROBES)
 
         async def send_wrapper(message: Message) -> None:
             if message["type"] == "http.response.start":
@@ -95,33 +126,54 @@ class TraceMiddleware:
                 message["headers"] = list(message.get("headers", [])) + extra
             await send(message)
 
-        received = 0
-
-        async def receive_wrapper() -> Message:
-            nonlocal received
-            message = await receive()
-            if message["type"] == "http.request":
-                received += len(message.get("body", b""))
-                if received > self.max_body_bytes:
-                    raise _TooLarge
-            return message
-
-        try:
+        if counted and self.in_flight >= self.limits.max_in_flight:
+            counted = False
+            early: ASGIApp | None = _json_response(
+                Overloaded(
+                    f"{self.service} has {self.limits.max_in_flight} requests in flight, "
+                    "its limit; retry shortly"
+                )
+            )
+        elif oversized:
+            early = _json_response(
+                HeadersTooLarge(
+                    f"request headers exceed {self.limits.max_header_bytes} bytes",
+                    param="headers",
+                ),
+                close=True,
+            )
+        else:
             early = self._precheck(method, headers)
+        if counted:
+            self.in_flight += 1
+        try:
             if early is not None:
                 await early(scope, receive, send_wrapper)
+            elif method in _BODY_METHODS:
+                body = await self._read_body(receive)
+                await self.app(scope, _replay(body, receive), send_wrapper)
             else:
-                await self.app(scope, receive_wrapper, send_wrapper)
+                await self.app(scope, receive, send_wrapper)
         except _TooLarge:
-            if not state["started"]:
-                await _json_response(
-                    PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
-                )(scope, receive, send_wrapper)
+            await _json_response(
+                PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes"), close=True
+            )(scope, receive, send_wrapper)
+        except _BodyTimeout:
+            await _json_response(
+                RequestTimeout(
+                    f"the request body did not arrive within {self.limits.body_read_timeout_s:g}s"
+                ),
+                close=True,
+            )(scope, receive, send_wrapper)
+        except _Disconnected:
+            state["status"] = ClientClosed.status_code  # nobody to answer
         except Exception:  # our bug: log the stack, answer without it
             log.exception("unhandled error", **{"event.action": "error"})
             if not state["started"]:
                 await _json_response(ServiceError("internal error"))(scope, receive, send_wrapper)
         finally:
+            if counted:
+                self.in_flight -= 1
             route = scope.get("route")
             route_name = getattr(route, "path", None) or "unmatched"
             duration_ns = time.perf_counter_ns() - started
@@ -144,16 +196,38 @@ class TraceMiddleware:
                 )
             tracing.deactivate(token)
 
+    async def _read_body(self, receive: Receive) -> bytes:
+        chunks: list[bytes] = []
+        size = 0
+        try:
+            async with asyncio.timeout(self.limits.body_read_timeout_s):
+                while True:
+                    message = await receive()
+                    if message["type"] == "http.disconnect":
+                        raise _Disconnected
+                    chunk = message.get("body", b"")
+                    size += len(chunk)
+                    if size > self.max_body_bytes:
+                        raise _TooLarge
+                    chunks.append(chunk)
+                    if not message.get("more_body", False):
+                        return b"".join(chunks)
+        except TimeoutError:
+            raise _BodyTimeout from None
+
     def _precheck(self, method: str, headers: dict[str, str]) -> ASGIApp | None:
         if method not in _BODY_METHODS:
             return None
         length = headers.get("content-length")
         if length is not None:
-            if not length.isdigit():
+            # ASCII digits only: str.isdigit() takes '²', which int() refuses, and int()
+            # of a string past 4300 digits raises; either would have been a 500
+            if not (length.isascii() and length.isdigit()):
                 return _json_response(InvalidRequest("invalid Content-Length header"))
-            if int(length) > self.max_body_bytes:
+            if len(length) > _MAX_LENGTH_DIGITS or int(length) > self.max_body_bytes:
                 return _json_response(
-                    PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes")
+                    PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes"),
+                    close=True,
                 )
         if not _is_json(headers.get("content-type", "")):
             return _json_response(
@@ -167,6 +241,28 @@ class TraceMiddleware:
 
 class _TooLarge(Exception):
     pass
+
+
+class _BodyTimeout(Exception):
+    pass
+
+
+class _Disconnected(Exception):
+    pass
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    """The buffered body as one message, then the server's own `receive`."""
+    pending = True
+
+    async def replay() -> Message:
+        nonlocal pending
+        if pending:
+            pending = False
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
 
 
 def _validation_error(exc: RequestValidationError) -> ServiceError:
@@ -194,7 +290,10 @@ def create_service_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
     readiness: ReadinessCheck | None = None,
     max_body_bytes: int = 1_000_000,
+    limits: HttpLimits | None = None,
 ) -> FastAPI:
+    """`limits` (a service's `settings.http_limits()`) bound the HTTP front; without it
+    the defaults apply, with `max_body_bytes`."""
     app = FastAPI(title=name, version=version, lifespan=lifespan)
     app.state.service_name = name
 
@@ -236,7 +335,9 @@ def create_service_app(
     async def metrics() -> Response:
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
-    app.add_middleware(TraceMiddleware, service=name, max_body_bytes=max_body_bytes)
+    app.add_middleware(
+        TraceMiddleware, service=name, limits=limits or HttpLimits(max_body_bytes=max_body_bytes)
+    )
     return app
 
 
@@ -265,7 +366,7 @@ async def cancel_on_disconnect(request: Request, work: Any) -> Any:
     if not task.done():
         task.cancel()
         log.info("client disconnected, work cancelled", **{"event.action": "request.cancelled"})
-        return JSONResponse(
-            {"error": {"type": "client_closed", "message": "client closed"}}, status_code=499
+        return _json_response(
+            ClientClosed("the client closed the connection before the answer was ready")
         )
     return task.result()

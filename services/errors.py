@@ -13,6 +13,7 @@ from typing import Any
 class ServiceError(Exception):
     status_code = 500
     error_type = "internal_error"
+    default_retry_after_s: int | None = None  # errors worth retrying later set this
 
     def __init__(
         self,
@@ -24,7 +25,9 @@ class ServiceError(Exception):
         super().__init__(message)
         self.message = message
         self.param = param
-        self.retry_after_s = retry_after_s
+        self.retry_after_s = (
+            retry_after_s if retry_after_s is not None else self.default_retry_after_s
+        )
 
 
 class InvalidRequest(ServiceError):
@@ -64,14 +67,48 @@ class PayloadTooLarge(ServiceError):
     error_type = "payload_too_large"
 
 
+class RequestTimeout(ServiceError):
+    """The client did not send its request body within the body-read timeout."""
+
+    status_code = 408
+    error_type = "request_timeout"
+
+
+class TooManyRequests(ServiceError):
+    """The caller (its tenant) is over its share of concurrent work. Retry later."""
+
+    status_code = 429
+    error_type = "too_many_requests"
+    default_retry_after_s = 1
+
+
+class HeadersTooLarge(ServiceError):
+    status_code = 431
+    error_type = "request_header_too_large"
+
+
+class ClientClosed(ServiceError):
+    """The client went away before the answer was ready (nginx's 499); nobody reads it,
+    but the log line and the metrics record it."""
+
+    status_code = 499
+    error_type = "client_closed"
+
+
+class Overloaded(ServiceError):
+    """This service has as many requests in flight as it is configured to take."""
+
+    status_code = 503
+    error_type = "overloaded"
+    default_retry_after_s = 1
+
+
 class DependencyUnavailable(ServiceError):
     """A service we call is down, slow or answered garbage. Retry later."""
 
     status_code = 503
     error_type = "dependency_unavailable"
-
-    def __init__(self, message: str, *, retry_after_s: int = 5, **kw: Any) -> None:
-        super().__init__(message, retry_after_s=retry_after_s, **kw)
+    default_retry_after_s = 5
 
 
 class NotReady(DependencyUnavailable):
@@ -93,10 +130,20 @@ class PlanInvalid(ServiceError):
 
 
 class PlanningFailed(ServiceError):
-    """Every bounded attempt to produce a valid plan failed."""
+    """Every bounded attempt to produce a valid plan failed (the planner's answer: its
+    model did not produce a valid plan, 502)."""
 
     status_code = 502
     error_type = "planning_failed"
+
+
+class Unplannable(PlanningFailed):
+    """The orchestrator's answer when no valid plan could be made for the question: the
+    planner gave up after its bounded attempts, or every plan it returned failed
+    validation. Not a dependency being down, so no `Retry-After`; asking the same
+    question again is unlikely to help, rephrasing it may."""
+
+    status_code = 422
 
 
 def error_body(exc: ServiceError, trace_id: str) -> dict[str, Any]:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -24,6 +25,16 @@ def default_cache_dir() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "reason"
 
 
+@dataclass(frozen=True)
+class HttpLimits:
+    """What the app factory's middleware enforces on every request."""
+
+    max_body_bytes: int = 1_000_000
+    max_header_bytes: int = 16_384
+    body_read_timeout_s: float = 10.0
+    max_in_flight: int = 128
+
+
 class CommonSettings(BaseSettings):
     model_config = SettingsConfigDict(env_file=".env", extra="ignore")
 
@@ -33,6 +44,28 @@ class CommonSettings(BaseSettings):
     log_level: Literal["DEBUG", "INFO", "WARNING", "ERROR"] = "INFO"
     log_format: Literal["auto", "json", "console"] = "auto"
     max_body_bytes: int = Field(default=1_000_000, ge=1024)
+    # The HTTP front (services.app.TraceMiddleware, and services.serve for uvicorn):
+    # total bytes of a request's header names and values; more is refused with 431.
+    max_header_bytes: int = Field(default=16_384, ge=1024)
+    # Time from the request's headers to the last byte of its body; past it, 408.
+    body_read_timeout_s: float = Field(default=10.0, gt=0)
+    # Time a connection may take to send a request's line and headers (from connecting,
+    # or from sending its first byte); past it the connection is closed. services.serve.
+    header_read_timeout_s: float = Field(default=10.0, gt=0)
+    # Requests in flight at once (health, readiness and metrics probes not counted);
+    # past it, 503 overloaded with Retry-After.
+    max_in_flight: int = Field(default=128, ge=1)
+    # uvicorn's own backstop (services.serve): open connections plus running requests.
+    max_connections: int = Field(default=1024, ge=1)
+    keep_alive_timeout_s: int = Field(default=5, ge=1)
+
+    def http_limits(self) -> HttpLimits:
+        return HttpLimits(
+            max_body_bytes=self.max_body_bytes,
+            max_header_bytes=self.max_header_bytes,
+            body_read_timeout_s=self.body_read_timeout_s,
+            max_in_flight=self.max_in_flight,
+        )
 
 
 class PlannerSettings(CommonSettings):
@@ -108,6 +141,16 @@ class OrchestratorSettings(CommonSettings):
     max_replans: int = Field(default=2, ge=0, le=5)
     # API keys -> tenant, as JSON: {"key": "tenant"}. Empty = no auth, tenant "default".
     api_keys: dict[str, str] = Field(default_factory=dict)
+    # Per tenant (with no API keys: every caller together is the one tenant "default"):
+    # /reason and /tools requests in flight at once; past it, 429 with Retry-After.
+    tenant_max_in_flight: int = Field(default=32, ge=1)
+    # Per tenant: sandbox jobs at once (python steps, and steps whose fallback is python);
+    # the tenant's further steps wait for one of its own slots. Unset = half the sandbox
+    # workers (at least 1), so no tenant can occupy every worker.
+    tenant_sandbox_jobs: int | None = Field(default=None, ge=1)
+    # Per /reason request: tool calls (steps run) over all its plans and replanning
+    # rounds; the steps past it are skipped with an error and the answer degrades.
+    max_tool_calls_per_request: int = Field(default=32, ge=1)
     io_tool_timeout_s: float = Field(default=0.8, gt=0)
     python_timeout_s: float = Field(default=5.0, gt=0)
     sandbox_workers: int = Field(default=2, ge=1, le=32)
@@ -132,3 +175,6 @@ class OrchestratorSettings(CommonSettings):
                     "characters, e.g. `python -c 'import secrets; print(secrets.token_urlsafe(24))'`"
                 )
         return self
+
+    def sandbox_jobs_per_tenant(self) -> int:
+        return self.tenant_sandbox_jobs or max(1, self.sandbox_workers // 2)

@@ -4,6 +4,7 @@ and the real orchestrator app, each in a uvicorn server on a free port."""
 from __future__ import annotations
 
 import asyncio
+import json
 import threading
 import time
 from collections.abc import Iterator
@@ -14,7 +15,7 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from orchestrator.app import create_app
 from orchestrator.cache import Cache
@@ -27,10 +28,18 @@ from services.settings import OrchestratorSettings
 from tests.conftest import free_port
 
 
+class _Drop:
+    def __repr__(self) -> str:
+        return "DROP"
+
+
+DROP = _Drop()  # FakeVerifier.override: leave the field out
+
+
 class ServerThread:
-    def __init__(self, app: Any, port: int | None = None) -> None:
+    def __init__(self, app: Any, port: int | None = None, config: Any = None) -> None:
         self.port = port or free_port()
-        config = uvicorn.Config(
+        config = config or uvicorn.Config(
             app,
             host="127.0.0.1",
             port=self.port,
@@ -38,6 +47,7 @@ class ServerThread:
             lifespan="on",
             timeout_graceful_shutdown=1,
         )
+        self.port = config.port
         self.server = uvicorn.Server(config)
         self.thread = threading.Thread(target=self.server.run, daemon=True)
 
@@ -74,8 +84,9 @@ class FakePlanner:
     """Answers /plan from a script: question -> list of rounds, each a list of plans."""
 
     script: dict[str, list[list[dict[str, Any]]]] = field(default_factory=dict)
-    mode: str = "ok"  # ok | hang | error
+    mode: str = "ok"  # ok | hang | error | planning_failed | raw
     requests: list[dict[str, Any]] = field(default_factory=list)
+    raw: Any = None  # mode "raw": this body, as is, with status 200
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -95,6 +106,16 @@ class FakePlanner:
                     {"error": {"type": "internal_error", "message": "boom"}, "trace_id": "0" * 32},
                     status_code=500,
                 )
+            if self.mode == "planning_failed":  # what the real planner answers
+                return JSONResponse(
+                    {
+                        "error": {"type": "planning_failed", "message": "no valid plan after 3"},
+                        "trace_id": "0" * 32,
+                    },
+                    status_code=502,
+                )
+            if self.mode == "raw":
+                return JSONResponse(self.raw)
             rounds = self.script[body["question"]]
             done = sum(1 for r in self.requests if r["question"] == body["question"]) - 1
             plans = rounds[min(done, len(rounds) - 1)][: body.get("n", 1)]
@@ -111,13 +132,17 @@ class FakeVerifier:
     default: float = 0.9
     mode: str = "ok"
     calls: int = 0
+    # Fields of every result replaced by these (a verifier answering outside its schema)
+    override: dict[str, Any] = field(default_factory=dict)
+    batch_results: int | None = None  # a batch reply cut to this many results
 
     def _score(self, statement: str) -> dict[str, Any]:
         p = self.default
         for answer, prob in self.by_answer.items():
             if statement == f"The answer is {answer}.":
                 p = prob
-        return {"verdict": p >= 0.5, "confidence": p, "method": "model", "latency_ms": 1.0}
+        result = {"verdict": p >= 0.5, "confidence": p, "method": "model", "latency_ms": 1.0}
+        return {k: v for k, v in {**result, **self.override}.items() if v is not DROP}
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -133,9 +158,13 @@ class FakeVerifier:
                 )
             return None
 
+        def reply(body: Any) -> Response:
+            # json.dumps, not JSONResponse: a NaN in `override` goes out as the NaN literal
+            return Response(json.dumps(body), media_type="application/json")
+
         @app.post("/verify")
         async def verify(request: Request) -> Any:
-            return await gate() or self._score((await request.json())["statement"])
+            return await gate() or reply(self._score((await request.json())["statement"]))
 
         @app.post("/verify/batch")
         async def batch(request: Request) -> Any:
@@ -143,7 +172,8 @@ class FakeVerifier:
             if failed:
                 return failed
             items = (await request.json())["items"]
-            return {"results": [self._score(i["statement"]) for i in items], "latency_ms": 1.0}
+            results = [self._score(i["statement"]) for i in items]
+            return reply({"results": results[: self.batch_results], "latency_ms": 1.0})
 
         return app
 
@@ -154,6 +184,9 @@ class ToolSwitch:
     def __init__(self) -> None:
         self.cancelled = 0
         self.started = 0
+        self.calls = 0  # every tool call
+        self.jobs = 0  # `python` jobs running now
+        self.max_jobs = 0  # the most that ever ran at once
 
     async def sleep(self, text: str, ctx: ToolContext) -> Any:
         self.started += 1
@@ -173,28 +206,69 @@ class ToolSwitch:
     async def crash(self, text: str, ctx: ToolContext) -> Any:
         raise RuntimeError("tool bug")
 
+    async def echo(self, text: str, ctx: ToolContext) -> Any:
+        return text
+
+    async def python(self, text: str, ctx: ToolContext) -> Any:
+        """Stands in for a sandbox job that runs for `text` seconds."""
+        self.jobs += 1
+        self.max_jobs = max(self.max_jobs, self.jobs)
+        try:
+            await asyncio.sleep(float(text))
+        finally:
+            self.jobs -= 1
+        return text
+
     def factory(self):
         async def build(
             settings: OrchestratorSettings, cache: Cache, stack: AsyncExitStack
         ) -> ToolRegistry:
             reg = ToolRegistry(cache)
-            reg.register(Tool(toolspecs.CALC, calc, timeout_s=1.0))
+            reg.register(Tool(toolspecs.CALC, self._counted(calc), timeout_s=1.0))
             for name, fn, timeout in [
                 ("sleep", self.sleep, 5.0),
                 ("hang", self.hang, 0.3),
                 ("fail", self.fail, 1.0),
                 ("crash", self.crash, 1.0),
+                ("echo", self.echo, 1.0),
+                ("python", self.python, 5.0),
             ]:
                 reg.register(
                     Tool(
                         ToolSpec(name=name, description=name, input_format="x"),
-                        fn,
+                        self._counted(fn),
                         timeout_s=timeout,
                     )
                 )
             return reg
 
         return build
+
+    def _counted(self, fn: Any) -> Any:
+        async def counted(text: str, ctx: ToolContext) -> Any:
+            self.calls += 1
+            return await fn(text, ctx)
+
+        return counted
+
+
+@contextmanager
+def running_orchestrator(
+    tmp: Path,
+    planner: FakePlanner,
+    verifier: FakeVerifier,
+    tools: ToolSwitch | None = None,
+    **settings: Any,
+) -> Iterator[tuple[str, FastAPI]]:
+    """The real orchestrator app over HTTP, and the app (its state holds the service)."""
+    tools = tools or ToolSwitch()
+    with ServerThread(planner.app()) as p, ServerThread(verifier.app()) as v:
+        config = OrchestratorSettings(
+            planner_url=p.url, verifier_url=v.url, log_dir=tmp, log_format="json", **settings
+        )
+        app = create_app(config, tools_factory=tools.factory())
+        with ServerThread(app) as o:
+            yield o.url, app
 
 
 @contextmanager
@@ -205,10 +279,5 @@ def orchestrator_stack(
     tools: ToolSwitch | None = None,
     **settings: Any,
 ) -> Iterator[str]:
-    tools = tools or ToolSwitch()
-    with ServerThread(planner.app()) as p, ServerThread(verifier.app()) as v:
-        config = OrchestratorSettings(
-            planner_url=p.url, verifier_url=v.url, log_dir=tmp, log_format="json", **settings
-        )
-        with ServerThread(create_app(config, tools_factory=tools.factory())) as o:
-            yield o.url
+    with running_orchestrator(tmp, planner, verifier, tools, **settings) as (url, _):
+        yield url
