@@ -1,8 +1,15 @@
 """HTTP client for calls between services: explicit timeouts, trace propagation, one
-mapping of transport failures to `DependencyUnavailable`."""
+mapping of transport failures to `DependencyUnavailable`.
+
+What another service answers is read like any untrusted input: within the call's time
+budget in total (not per read), at most `max_response_bytes`, as strict JSON (no `NaN`
+or `Infinity`).
+"""
 
 from __future__ import annotations
 
+import asyncio
+import json
 import time
 from typing import Any
 
@@ -10,7 +17,13 @@ import httpx
 import structlog
 
 from services import tracing
-from services.errors import DependencyUnavailable, InvalidRequest, ServiceError
+from services.errors import (
+    DependencyUnavailable,
+    InvalidRequest,
+    PlanningFailed,
+    ServiceError,
+    Unplannable,
+)
 
 log = structlog.get_logger("http.client")
 
@@ -25,27 +38,64 @@ class UpstreamError(ServiceError):
         self.service = service
 
 
+MAX_RESPONSE_BYTES = 4_000_000
+# A pooled connection is dropped after this much idle time, well inside the server's
+# keep-alive (uvicorn closes an idle connection after 5 s). With the two equal, a request
+# sent as the server's timer fires finds the connection closed under it.
+KEEPALIVE_EXPIRY_S = 2.0
+# What a keep-alive connection closed by the server as the request went out looks like.
+_STALE_CONNECTION = (httpx.RemoteProtocolError, httpx.ReadError, httpx.WriteError)
+
+
 class ServiceClient:
-    def __init__(self, name: str, base_url: str, *, connect_timeout_s: float = 1.0) -> None:
+    def __init__(
+        self,
+        name: str,
+        base_url: str,
+        *,
+        connect_timeout_s: float = 1.0,
+        max_response_bytes: int = MAX_RESPONSE_BYTES,
+        keepalive_expiry_s: float = KEEPALIVE_EXPIRY_S,
+    ) -> None:
         self.name = name
         self._connect_timeout_s = connect_timeout_s
+        self.max_response_bytes = max_response_bytes
         self._client = httpx.AsyncClient(
             base_url=base_url,
             timeout=httpx.Timeout(30.0, connect=connect_timeout_s),
-            limits=httpx.Limits(max_connections=200, max_keepalive_connections=50),
+            limits=httpx.Limits(
+                max_connections=200,
+                max_keepalive_connections=50,
+                keepalive_expiry=keepalive_expiry_s,
+            ),
         )
 
     async def post_json(self, path: str, body: dict[str, Any], *, timeout_s: float) -> Any:
         """POST JSON under `timeout_s` in total; raise `DependencyUnavailable` on transport
-        failure, timeout or a 5xx, `UpstreamError` on a 4xx error body."""
+        failure, timeout or a 5xx, `UpstreamError` on a 4xx error body.
+
+        A connection closed under the request (a keep-alive race, or a server restart) is
+        retried once, on another connection, within the same `timeout_s`: the calls
+        between the services (`/plan`, `/verify`) have no side effects.
+        """
         started = time.perf_counter()
         timeout_s = max(timeout_s, 0.001)
         timeout = httpx.Timeout(timeout_s, connect=min(self._connect_timeout_s, timeout_s))
         try:
-            response = await self._client.post(
-                path, json=body, headers=tracing.outgoing_headers(), timeout=timeout
-            )
-        except httpx.TimeoutException:
+            # httpx's timeouts bound each read; this bounds the whole exchange
+            async with asyncio.timeout(timeout_s):
+                try:
+                    status, content = await self._post(path, body, timeout)
+                except _STALE_CONNECTION as exc:
+                    log.warning(
+                        f"{self.name} closed the connection under the request; retrying once",
+                        **{
+                            "event.action": f"call.{self.name}.retry",
+                            "error.type": type(exc).__name__,
+                        },
+                    )
+                    status, content = await self._post(path, body, timeout)
+        except (httpx.TimeoutException, TimeoutError):
             raise DependencyUnavailable(
                 f"{self.name} did not answer within {timeout_s:.2f}s", retry_after_s=2
             ) from None
@@ -61,28 +111,49 @@ class ServiceClient:
                     "event.duration": int((time.perf_counter() - started) * 1e9),
                 },
             )
-        return self._decode(response)
+        return self._decode(status, content)
 
-    def _decode(self, response: httpx.Response) -> Any:
+    async def _post(
+        self, path: str, body: dict[str, Any], http_timeout: httpx.Timeout
+    ) -> tuple[int, bytes]:
+        async with self._client.stream(
+            "POST", path, json=body, headers=tracing.outgoing_headers(), timeout=http_timeout
+        ) as response:
+            chunks: list[bytes] = []
+            size = 0
+            async for chunk in response.aiter_bytes():
+                size += len(chunk)
+                if size > self.max_response_bytes:
+                    raise DependencyUnavailable(
+                        f"{self.name} answered with more than {self.max_response_bytes} bytes"
+                    )
+                chunks.append(chunk)
+            return response.status_code, b"".join(chunks)
+
+    def _decode(self, status: int, content: bytes) -> Any:
         try:
-            data = response.json()
+            data = json.loads(content, parse_constant=_refuse_constant)
         except ValueError:
             data = None
-        if response.status_code >= 500:
-            message = _error_message(data) or f"HTTP {response.status_code}"
+        err = data.get("error") if isinstance(data, dict) else None
+        err = err if isinstance(err, dict) else {}
+        if status >= 400 and err.get("type") == PlanningFailed.error_type:
+            # the question could not be planned: not the planner being down
+            raise Unplannable(f"{self.name}: {str(err.get('message', 'no valid plan'))[:500]}")
+        if status >= 500:
+            message = _error_message(data) or f"HTTP {status}"
             raise DependencyUnavailable(f"{self.name} failed: {message}", retry_after_s=5)
-        if response.status_code >= 400:
-            err = (data or {}).get("error", {}) if isinstance(data, dict) else {}
-            if response.status_code in (400, 413, 422):
+        if status >= 400:
+            if status in (400, 413, 422):
                 raise InvalidRequest(
-                    f"{self.name} refused the request: {err.get('message', response.status_code)}",
+                    f"{self.name} refused the request: {err.get('message', status)}",
                     param=err.get("param"),
                 )
             raise UpstreamError(
                 self.name,
-                response.status_code,
+                status,
                 str(err.get("type", "upstream_error")),
-                str(err.get("message", f"HTTP {response.status_code}")),
+                str(err.get("message", f"HTTP {status}")),
             )
         if data is None:
             raise DependencyUnavailable(f"{self.name} answered with a non-JSON body")
@@ -90,6 +161,10 @@ class ServiceClient:
 
     async def close(self) -> None:
         await self._client.aclose()
+
+
+def _refuse_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not JSON")
 
 
 def _error_message(data: Any) -> str | None:

@@ -102,7 +102,7 @@ class PlanRequest(Wire):
 
 
 class PlanResponse(Wire):
-    plans: list[Plan]
+    plans: list[Plan] = Field(max_length=8)  # at most the `n` asked for
     model: str
     backend: str
     latency_ms: float
@@ -124,7 +124,7 @@ VerifyMethod = Literal["symbolic", "model", "both"]
 
 class VerifyResponse(Wire):
     verdict: bool
-    confidence: Annotated[float, Field(ge=0, le=1)]
+    confidence: Annotated[float, Field(ge=0, le=1, allow_inf_nan=False)]
     method: VerifyMethod
     latency_ms: float
 
