@@ -1,4 +1,11 @@
-"""Orchestrator service: `POST /reason` (JSON or server-sent events) and `POST /tools/{name}/run`."""
+"""Orchestrator service: `POST /reason` (JSON or server-sent events) and `POST /tools/{name}/run`.
+
+Each tenant may have `ORCH_TENANT_MAX_IN_FLIGHT` of these requests in flight; past it,
+429 with Retry-After. The tenant is the API key's; with no keys configured every client
+address is a tenant of its own for this limit (and for the sandbox share), while the
+cache stays one namespace, "default". Behind a proxy every client has the proxy's
+address: configure API keys there.
+"""
 
 from __future__ import annotations
 
@@ -12,15 +19,17 @@ import httpx
 import structlog
 from fastapi import Depends, FastAPI, Request
 from fastapi.responses import StreamingResponse
+from starlette.types import Receive, Scope, Send
 
 from orchestrator.cache import Cache, create_cache
+from orchestrator.limits import TenantCounter
 from orchestrator.service import ReasonService
 from orchestrator.tools import build_registry
 from orchestrator.tools.base import ToolContext
 from orchestrator.tools.registry import ToolRegistry
 from services import tracing
 from services.app import cancel_on_disconnect, create_service_app, sse_event
-from services.errors import NotFound, ServiceError, Unauthorized, error_body
+from services.errors import NotFound, ServiceError, TooManyRequests, Unauthorized, error_body
 from services.http import ServiceClient
 from services.logging import configure_logging
 from services.schemas import ReasonRequest, ReasonResponse, ToolRunRequest, ToolRunResult
@@ -68,6 +77,8 @@ def create_app(
                 cache=cache,
                 cache_ttl_s=settings.cache_ttl_s,
                 max_replans=settings.max_replans,
+                max_tool_calls=settings.max_tool_calls_per_request,
+                sandbox_jobs_per_tenant=settings.sandbox_jobs_per_tenant(),
             )
             state.update(registry=registry, cache=cache)
             yield
@@ -95,8 +106,9 @@ def create_app(
         name="orchestrator",
         lifespan=lifespan,
         readiness=readiness,
-        max_body_bytes=settings.max_body_bytes,
+        limits=settings.http_limits(),
     )
+    in_flight = TenantCounter(settings.tenant_max_in_flight)
 
     def tenant_of(request: Request) -> str:
         if not settings.api_keys:
@@ -109,38 +121,89 @@ def create_app(
                     return tenant
         raise Unauthorized("missing or invalid API key; send Authorization: Bearer <key>")
 
+    def limited_tenant(request: Request, tenant: str = Depends(tenant_of)) -> str:
+        """The tenant the per-tenant limits count: the key's, else the client address."""
+        if settings.api_keys:
+            return tenant
+        return f"client:{request.client.host if request.client else 'unknown'}"
+
+    def admit(who: str) -> Callable[[], None]:
+        if not in_flight.try_enter(who):
+            raise TooManyRequests(
+                f"this tenant already has {settings.tenant_max_in_flight} requests in flight, "
+                "its share; retry when one has finished"
+            )
+        return lambda: in_flight.leave(who)
+
     @app.post("/reason", response_model=ReasonResponse)
     async def reason(
-        body: ReasonRequest, request: Request, tenant: str = Depends(tenant_of)
+        body: ReasonRequest,
+        request: Request,
+        tenant: str = Depends(tenant_of),
+        who: str = Depends(limited_tenant),
     ) -> Any:
         service: ReasonService = request.app.state.reason
+        release = admit(who)
         if "text/event-stream" in request.headers.get("accept", ""):
-            return StreamingResponse(
-                _stream(service, body, tenant),
+            return _HeldStream(
+                _stream(service, body, tenant, limits_tenant=who),
+                release,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
             )
-        return await cancel_on_disconnect(request, service.reason(body, tenant=tenant))
+        try:
+            return await cancel_on_disconnect(
+                request, service.reason(body, tenant=tenant, limits_tenant=who)
+            )
+        finally:
+            release()
 
     @app.post("/tools/{name}/run", response_model=ToolRunResult)
     async def run_tool(
-        name: str, body: ToolRunRequest, request: Request, tenant: str = Depends(tenant_of)
+        name: str,
+        body: ToolRunRequest,
+        request: Request,
+        tenant: str = Depends(tenant_of),
+        who: str = Depends(limited_tenant),
     ) -> ToolRunResult:
-        registry = request.app.state.reason.registry
-        tool = registry.get(name)
+        service: ReasonService = request.app.state.reason
+        tool = service.registry.get(name)
         if tool is None:
             raise NotFound(
-                f"no tool named {name[:64]!r}; tools: {', '.join(registry.names)}", param="name"
+                f"no tool named {name[:64]!r}; tools: {', '.join(service.registry.names)}",
+                param="name",
             )
-        timeout_s = min(body.timeout_s or tool.timeout_s, 60.0)
-        ctx = ToolContext(trace_id=tracing.current_trace_id(), tenant=tenant, timeout_s=timeout_s)
-        outcome = await registry.run(name, body.input, ctx)
-        return outcome.result
+        release = admit(who)
+        try:
+            timeout_s = min(body.timeout_s or tool.timeout_s, 60.0)
+            ctx = ToolContext(
+                trace_id=tracing.current_trace_id(), tenant=tenant, timeout_s=timeout_s
+            )
+            outcome = await service.executor.run_tool(name, body.input, ctx, slots_tenant=who)
+            return outcome.result
+        finally:
+            release()
 
     return app
 
 
-async def _stream(service: ReasonService, body: ReasonRequest, tenant: str) -> AsyncIterator[str]:
+class _HeldStream(StreamingResponse):
+    """A streaming response that calls `release` once it is over, however it ends."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+async def _stream(
+    service: ReasonService, body: ReasonRequest, tenant: str, *, limits_tenant: str
+) -> AsyncIterator[str]:
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
     async def on_step(step: Any) -> None:
@@ -148,7 +211,9 @@ async def _stream(service: ReasonService, body: ReasonRequest, tenant: str) -> A
 
     async def work() -> None:
         try:
-            result = await service.reason(body, tenant=tenant, on_step=on_step)
+            result = await service.reason(
+                body, tenant=tenant, on_step=on_step, limits_tenant=limits_tenant
+            )
             await queue.put(("result", result.model_dump(mode="json")))
         except ServiceError as exc:
             await queue.put(("error", error_body(exc, tracing.current_trace_id())))

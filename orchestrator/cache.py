@@ -2,7 +2,8 @@
 
 A cache never fails a request. Redis errors and slow answers are logged as warnings and
 read as a miss; after a failure Redis is left alone for a short back-off so a dead Redis
-costs one timeout, not one per request.
+costs one timeout, not one per request. An entry that cannot be read back (corrupt, or
+written by an older version in an older schema) is a miss too: logged and deleted.
 """
 
 from __future__ import annotations
@@ -13,7 +14,8 @@ import json
 import time
 import unicodedata
 from collections import OrderedDict
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol, TypeVar
 
 import structlog
 from prometheus_client import Counter
@@ -33,6 +35,8 @@ class Cache(Protocol):
     async def get(self, key: str) -> str | None: ...
 
     async def set(self, key: str, value: str, ttl_s: float) -> None: ...
+
+    async def delete(self, key: str) -> None: ...
 
     async def ping(self) -> bool: ...
 
@@ -77,6 +81,9 @@ class MemoryCache:
         self._data.move_to_end(key)
         while len(self._data) > self._max:
             self._data.popitem(last=False)
+
+    async def delete(self, key: str) -> None:
+        self._data.pop(key, None)
 
     async def ping(self) -> bool:
         return True
@@ -136,6 +143,15 @@ class RedisCache:
         except (RedisError, OSError, TimeoutError) as exc:
             self._failed("set", exc)
 
+    async def delete(self, key: str) -> None:
+        if not self._available():
+            return
+        try:
+            async with asyncio.timeout(self._guard_s):
+                await self._redis.delete(key)
+        except (RedisError, OSError, TimeoutError) as exc:
+            self._failed("delete", exc)
+
     async def ping(self) -> bool:
         try:
             async with asyncio.timeout(self._guard_s):
@@ -153,7 +169,29 @@ def create_cache(redis_url: str | None, *, timeout_s: float, max_entries: int) -
     return MemoryCache(max_entries)
 
 
-async def cache_get(cache: Cache, key: str, label: str) -> str | None:
+T = TypeVar("T")
+
+
+async def cache_get(cache: Cache, key: str, label: str, parse: Callable[[str], T]) -> T | None:
+    """The entry at `key` read by `parse`, or None: a miss, or an entry `parse` refuses
+    (ValueError, which pydantic's ValidationError is), which is then deleted."""
     value = await cache.get(key)
-    CACHE_OPS.labels(label, "get", "hit" if value is not None else "miss").inc()
-    return value
+    if value is None:
+        CACHE_OPS.labels(label, "get", "miss").inc()
+        return None
+    try:
+        parsed = parse(value)
+    except (ValueError, TypeError, KeyError) as exc:
+        CACHE_OPS.labels(label, "get", "unreadable").inc()
+        log.warning(
+            "unreadable cache entry, treated as a miss and deleted",
+            **{
+                "event.action": f"cache.{label}",
+                "error.type": type(exc).__name__,
+                "error.message": str(exc)[:200],
+            },
+        )
+        await cache.delete(key)
+        return None
+    CACHE_OPS.labels(label, "get", "hit").inc()
+    return parsed

@@ -4,6 +4,9 @@ Every step is a task in one `asyncio.TaskGroup`; a step awaits the futures of th
 it depends on, so it starts the moment they are done (nothing polls). A step's failure
 is recorded on the step and its dependents are marked `skipped`; the deadline cancels
 whatever is still running and those steps are recorded as `timeout` or `skipped`.
+
+Each step that runs takes one call from the request's `ToolBudget` (a step past it is
+skipped); a sandbox step first takes one of its tenant's sandbox slots.
 """
 
 from __future__ import annotations
@@ -11,13 +14,18 @@ from __future__ import annotations
 import asyncio
 import time
 from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+import structlog
+
+from orchestrator.limits import SANDBOX_TOOLS, TenantSemaphore, ToolBudget
 from orchestrator.tools.base import ToolContext
-from orchestrator.tools.registry import ToolRegistry, render_value
+from orchestrator.tools.registry import Outcome, ToolRegistry
 from services.plans import check_plan
-from services.schemas import Plan, StepResult
+from services.schemas import Plan, StepResult, ToolRunResult
+
+log = structlog.get_logger("orchestrator")
 
 StepCallback = Callable[[StepResult], Awaitable[None] | None]
 
@@ -37,10 +45,10 @@ class Execution:
 
     @property
     def answer(self) -> str | None:
+        """The answer step's output, as the registry rendered it (read many times while
+        voting: never re-serialized from the value)."""
         step = next(s for s in self.steps if s.id == self.plan.answer_step)
-        if step.status not in _SUCCESS or self.plan.answer_step not in self.values:
-            return None
-        return render_value(self.values[self.plan.answer_step])
+        return step.output if step.status in _SUCCESS else None
 
     @property
     def complete(self) -> bool:
@@ -48,8 +56,54 @@ class Execution:
 
 
 class PlanExecutor:
-    def __init__(self, registry: ToolRegistry) -> None:
+    def __init__(
+        self, registry: ToolRegistry, *, sandbox_slots: TenantSemaphore | None = None
+    ) -> None:
         self.registry = registry
+        self.sandbox_slots = sandbox_slots
+
+    async def run_tool(
+        self, name: str, text: str, ctx: ToolContext, *, slots_tenant: str | None = None
+    ) -> Outcome:
+        """One tool call within `ctx.timeout_s`: a sandbox tool first waits (within that
+        time) for one of the sandbox slots of `slots_tenant` (default: `ctx.tenant`).
+        The registry never raises, by contract; should it, the failure is recorded as
+        this call's, not the request's."""
+        gated = self.sandbox_slots is not None and name in SANDBOX_TOOLS
+        try:
+            if not gated:
+                return await self.registry.run(name, text, ctx)
+            assert self.sandbox_slots is not None
+            holder = slots_tenant or ctx.tenant
+            loop = asyncio.get_running_loop()
+            deadline = loop.time() + ctx.timeout_s
+            try:
+                async with asyncio.timeout_at(deadline):
+                    await self.sandbox_slots.acquire(holder)
+            except TimeoutError:
+                return Outcome(
+                    ToolRunResult(
+                        tool=name,
+                        input=text,
+                        status="timeout",
+                        error="no sandbox slot of this tenant came free in time "
+                        f"({self.sandbox_slots.per_tenant} at once per tenant)",
+                    )
+                )
+            try:
+                ctx = replace(ctx, timeout_s=max(deadline - loop.time(), 0.001))
+                return await self.registry.run(name, text, ctx)
+            finally:
+                self.sandbox_slots.release(holder)
+        except Exception as exc:
+            log.exception(
+                f"running tool {name} failed",
+                **{"event.action": f"tool.{name}", "labels.tool": name},
+            )
+            failed = ToolRunResult(
+                tool=name, input=text, status="error", error=f"{name} failed: {type(exc).__name__}"
+            )
+            return Outcome(failed)
 
     async def run(
         self,
@@ -59,8 +113,13 @@ class PlanExecutor:
         trace_id: str = "",
         tenant: str = "default",
         on_step: StepCallback | None = None,
+        budget: ToolBudget | None = None,
+        limits_tenant: str | None = None,
     ) -> Execution:
-        """Execute `plan` until done or until the monotonic `deadline` (loop time)."""
+        """Execute `plan` until done or until the monotonic `deadline` (loop time).
+
+        `tenant` namespaces the tools' caches; `limits_tenant` (default: `tenant`) is who
+        the sandbox share counts."""
         check_plan(plan, self.registry.names)
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
@@ -86,6 +145,16 @@ class PlanExecutor:
                     await record(_skipped(step, f"dependency {', '.join(failed)} did not succeed"))
                     done[step_id].set_result(False)
                     return
+                if budget is not None and not budget.take():
+                    await record(
+                        _skipped(
+                            step,
+                            f"the request's budget of {budget.limit} tool calls "
+                            "(over all its plans and rounds) is spent",
+                        )
+                    )
+                    done[step_id].set_result(False)
+                    return
                 running.add(step_id)
                 ctx = ToolContext(
                     trace_id=trace_id,
@@ -93,7 +162,9 @@ class PlanExecutor:
                     values={d: values[d] for d in step.depends_on},
                     timeout_s=max(deadline - loop.time(), 0.001),
                 )
-                outcome = await self.registry.run(step.tool, step.input, ctx)
+                outcome = await self.run_tool(
+                    step.tool, step.input, ctx, slots_tenant=limits_tenant
+                )
                 running.discard(step_id)
                 ok = outcome.result.status in _SUCCESS
                 if ok:

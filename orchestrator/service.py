@@ -1,8 +1,10 @@
 """`/reason`: plan, execute, verify, replan on rejection, vote across plans, cache.
 
 Every outside call gets what is left of the request's deadline as its timeout. The
-planner being down is an error (there is nothing to run); the verifier being down or
-slow only makes the answer `unverified`.
+planner being down is an error (there is nothing to run: 503); a question it cannot plan
+is another (422 `planning_failed`, not retryable); the verifier being down, slow or
+answering outside its schema only makes the answer `unverified`. Every request has a
+budget of tool calls over all its plans and rounds.
 """
 
 from __future__ import annotations
@@ -11,7 +13,6 @@ import asyncio
 import json
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Any
 
 import structlog
@@ -19,9 +20,17 @@ from prometheus_client import Counter, Histogram
 
 from orchestrator.cache import Cache, cache_get, make_key, normalize_text
 from orchestrator.executor import Execution, PlanExecutor
+from orchestrator.limits import TenantSemaphore, ToolBudget
 from orchestrator.tools.registry import ToolRegistry
 from services import tracing
-from services.errors import DeadlineExceeded, DependencyUnavailable, PlanningFailed, ServiceError
+from services.arith import parse_number
+from services.errors import (
+    DeadlineExceeded,
+    DependencyUnavailable,
+    PlanningFailed,
+    ServiceError,
+    Unplannable,
+)
 from services.http import ServiceClient
 from services.plans import check_plan
 from services.schemas import (
@@ -33,6 +42,8 @@ from services.schemas import (
     StepResult,
     Timings,
     Verdict,
+    VerifyBatchResponse,
+    VerifyResponse,
 )
 
 log = structlog.get_logger("orchestrator")
@@ -65,14 +76,16 @@ class Attempt:
 
 
 def answer_key(answer: str | None) -> str | None:
-    """Answers that mean the same number vote together ('72', '72.0', '72.00')."""
+    """Answers that mean the same number vote together ('72', '72.0', '1,234', '$72').
+
+    Answers are model and tool output: they are read with the bounded `parse_number`,
+    never `Fraction()`, which spends seconds on an output such as `1e30000000`.
+    """
     if answer is None:
         return None
-    text = answer.strip().strip('"').replace(",", "").rstrip(".")
-    try:
-        return str(Fraction(text))
-    except (ValueError, ZeroDivisionError):
-        return normalize_text(text)
+    text = answer.strip().strip('"').rstrip(".")
+    value = parse_number(text)
+    return str(value) if value is not None else normalize_text(text)
 
 
 class ReasonService:
@@ -85,14 +98,18 @@ class ReasonService:
         cache: Cache,
         cache_ttl_s: int = 300,
         max_replans: int = 2,
+        max_tool_calls: int = 32,
+        sandbox_jobs_per_tenant: int | None = None,
     ) -> None:
         self.planner = planner
         self.verifier = verifier
         self.registry = registry
-        self.executor = PlanExecutor(registry)
+        slots = TenantSemaphore(sandbox_jobs_per_tenant) if sandbox_jobs_per_tenant else None
+        self.executor = PlanExecutor(registry, sandbox_slots=slots)
         self.cache = cache
         self.cache_ttl_s = cache_ttl_s
         self.max_replans = max_replans
+        self.max_tool_calls = max_tool_calls
 
     def _answer_cache_key(self, request: ReasonRequest, tenant: str) -> str:
         o = request.options
@@ -104,7 +121,10 @@ class ReasonService:
         *,
         tenant: str = "default",
         on_step: StepCallback | None = None,
+        limits_tenant: str | None = None,
     ) -> ReasonResponse:
+        """Answer `request`. `tenant` namespaces the caches; `limits_tenant` (default:
+        `tenant`) is who the per-tenant sandbox share counts."""
         loop = asyncio.get_running_loop()
         started = loop.time()
         deadline = started + request.options.deadline_s
@@ -112,9 +132,10 @@ class ReasonService:
         key = self._answer_cache_key(request, tenant)
 
         if request.options.use_cache:
-            hit = await cache_get(self.cache, key, "answer")
-            if hit is not None:
-                response = ReasonResponse.model_validate_json(hit)
+            response = await cache_get(
+                self.cache, key, "answer", ReasonResponse.model_validate_json
+            )
+            if response is not None:
                 response.cached_trace_id = response.cached_trace_id or response.trace_id
                 response.trace_id = trace_id
                 response.cached = True
@@ -135,7 +156,14 @@ class ReasonService:
         chosen: tuple[Attempt, list[Attempt], int] | None = None
         feedback: str | None = None
         rounds = 0
+        budget = ToolBudget(self.max_tool_calls)
         for round_no in range(self.max_replans + 1):
+            if round_no > 0 and budget.spent:
+                log.info(
+                    "tool-call budget spent, no further round",
+                    **{"event.action": "reason.replan_skip"},
+                )
+                break
             remaining = deadline - loop.time()
             if round_no > 0 and remaining < 2 * max(
                 (timings["plan"] + timings["execute"] + timings["verify"]) / round_no / 1000, 0.05
@@ -155,7 +183,9 @@ class ReasonService:
             finally:
                 timings["plan"] += (loop.time() - t0) * 1000
             t0 = loop.time()
-            executions = await self._execute_all(plans, deadline, trace_id, tenant, on_step)
+            executions = await self._execute_all(
+                plans, deadline, trace_id, tenant, on_step, budget, limits_tenant or tenant
+            )
             timings["execute"] += (loop.time() - t0) * 1000
             t0 = loop.time()
             attempts = await self._verify_all(request, executions, deadline)
@@ -215,11 +245,12 @@ class ReasonService:
             body["feedback"] = feedback[:16000]
         data = await self.planner.post_json("/plan", body, timeout_s=remaining)
         try:
-            response = PlanResponse.model_validate(data)
+            response = PlanResponse.model_validate(data, strict=True)
         except ValueError:
             raise DependencyUnavailable("planner answered with a malformed plan response") from None
         plans = []
-        for plan in response.plans:  # the planner's output is model output: check it again
+        # the planner's output is model output: check it again, and run no more than asked
+        for plan in response.plans[: request.options.n_plans]:
             try:
                 check_plan(plan, self.registry.names)
             except ServiceError as exc:
@@ -227,7 +258,7 @@ class ReasonService:
                 continue
             plans.append(plan)
         if not plans:
-            raise PlanningFailed("the planner returned no plan that passes validation")
+            raise Unplannable("the planner returned no plan that passes validation")
         return plans
 
     async def _execute_all(
@@ -237,12 +268,20 @@ class ReasonService:
         trace_id: str,
         tenant: str,
         on_step: StepCallback | None,
+        budget: ToolBudget,
+        limits_tenant: str,
     ) -> list[Execution]:
         async with asyncio.TaskGroup() as group:
             tasks = [
                 group.create_task(
                     self.executor.run(
-                        plan, deadline=deadline, trace_id=trace_id, tenant=tenant, on_step=on_step
+                        plan,
+                        deadline=deadline,
+                        trace_id=trace_id,
+                        tenant=tenant,
+                        on_step=on_step,
+                        budget=budget,
+                        limits_tenant=limits_tenant,
                     )
                 )
                 for plan in plans
@@ -272,20 +311,22 @@ class ReasonService:
             return attempts
         items = [claim(request.question, a.execution) for a in distinct.values()]
         try:
+            # The verifier's reply is held to its schema, strictly: "verdict": "false" is
+            # not a verdict, and a confidence must be a finite number in [0, 1].
             if len(items) == 1:
-                results = [await self.verifier.post_json("/verify", items[0], timeout_s=remaining)]
+                data = await self.verifier.post_json("/verify", items[0], timeout_s=remaining)
+                results = [VerifyResponse.model_validate(data, strict=True)]
             else:
                 data = await self.verifier.post_json(
                     "/verify/batch", {"items": items}, timeout_s=remaining
                 )
-                results = data["results"]
+                results = VerifyBatchResponse.model_validate(data, strict=True).results
             verdicts = {
-                k: (bool(r["verdict"]), float(r["confidence"]))
-                for k, r in zip(distinct, results, strict=True)
+                k: (r.verdict, r.confidence) for k, r in zip(distinct, results, strict=True)
             }
-        except (ServiceError, KeyError, TypeError, ValueError) as exc:
+        except (ServiceError, ValueError) as exc:
             log.warning(
-                "verifier unavailable, answer left unverified",
+                "verifier unavailable or its reply invalid, answer left unverified",
                 **{
                     "event.action": "reason.verify",
                     "error.type": type(exc).__name__,
@@ -298,18 +339,18 @@ class ReasonService:
             if k in verdicts:
                 ok, confidence = verdicts[k]
                 attempt.verdict = "verified" if ok else "rejected"
-                attempt.confidence = min(max(confidence, 0.0), 1.0)
+                attempt.confidence = confidence
         return attempts
 
 
 def claim(question: str, execution: Execution) -> dict[str, str]:
     """The claim the verifier is asked about: the answer, with the work shown as context."""
     lines = []
-    for step in execution.steps:
+    for step in execution.steps:  # each part cut first: the context is cut to 16000 anyway
         lines.append(
-            f"{step.id} [{step.tool}] {step.input!r} -> {step.output!r}"
+            f"{step.id} [{step.tool}] {_cut(step.input)!r} -> {_cut(step.output)!r}"
             if step.status in ("ok", "fallback")
-            else f"{step.id} [{step.tool}] {step.input!r} -> {step.status}"
+            else f"{step.id} [{step.tool}] {_cut(step.input)!r} -> {step.status}"
         )
     lines.append(f"answer_step: {execution.plan.answer_step}")
     context = f"Plan: {execution.plan.reasoning}\nSteps:\n" + "\n".join(lines)
@@ -318,6 +359,10 @@ def claim(question: str, execution: Execution) -> dict[str, str]:
         "statement": f"The answer is {execution.answer}.",
         "context": context[:16000],
     }
+
+
+def _cut(text: str | None, limit: int = 2000) -> str | None:
+    return text if text is None or len(text) <= limit else text[:limit] + "…"
 
 
 def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:

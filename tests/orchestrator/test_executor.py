@@ -150,3 +150,45 @@ async def test_invalid_plans_are_refused_before_running() -> None:
             plan([("s1", "add", "1", ["s2"]), ("s2", "add", "1", ["s1"])], "s1"),
             deadline=deadline(1),
         )
+
+
+class GarbageCache:
+    """A cache whose every entry is unreadable."""
+
+    kind = "garbage"
+
+    async def get(self, key: str) -> str | None:
+        return "{not json"
+
+    async def set(self, key: str, value: str, ttl_s: float) -> None:
+        pass
+
+    async def delete(self, key: str) -> None:
+        pass
+
+    async def ping(self) -> bool:
+        return True
+
+    async def close(self) -> None:
+        pass
+
+
+async def test_a_failure_in_the_tool_runner_fails_the_step_not_the_run() -> None:
+    # The registry reads tool caches itself; an unreadable entry makes it raise, which
+    # must be one step's error, not an exception that takes down the whole request.
+    reg = ToolRegistry(GarbageCache())
+    reg.register(Tool(spec("cached"), sleeper, timeout_s=5, cache_ttl_s=60))
+    reg.register(Tool(spec("sleep"), sleeper, timeout_s=5))
+    p = plan(
+        [("s1", "cached", "0", []), ("s2", "sleep", "0", []), ("s3", "sleep", "0", ["s1"])], "s2"
+    )
+    result = await PlanExecutor(reg).run(p, deadline=deadline(5))
+    assert [s.status for s in result.steps] == ["error", "ok", "skipped"]
+    assert result.steps[0].error == "cached failed: JSONDecodeError"
+    assert result.answer == "0.0"
+
+
+async def test_the_answer_is_the_rendered_output_of_the_answer_step() -> None:
+    p = plan([("s1", "sleep", "0", []), ("s2", "add", "2", ["s1"])], "s2")
+    result = await PlanExecutor(registry()).run(p, deadline=deadline(5))
+    assert result.answer == result.steps[1].output == "2.0"

@@ -1,0 +1,71 @@
+"""Answers are tool output: they vote by the number they mean, read by the bounded parser,
+so an output such as `1e30000000` cannot hold the event loop."""
+
+from __future__ import annotations
+
+import time
+
+import httpx
+import pytest
+
+from orchestrator.service import answer_key
+from tests.orchestrator.helpers import FakePlanner, FakeVerifier, orchestrator_stack, plan
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    "same", [["72", "72.0", "72.00", " 72 ", '"72"', "72."], ["1,234", "1234"], ["$5", "5"]]
+)
+def test_answers_meaning_the_same_number_vote_together(same: list[str]) -> None:
+    assert len({answer_key(a) for a in same}) == 1
+
+
+@pytest.mark.unit
+def test_other_answers_keep_apart_and_text_is_normalized() -> None:
+    assert answer_key("72") != answer_key("73")
+    assert answer_key("1,2") != answer_key("12")
+    assert answer_key(" Paris ") == answer_key("paris")
+    assert answer_key(None) is None
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("answer", ["1e3000000", "-1e3000000", "1e-3000000", "9" * 20_000])
+def test_a_huge_number_is_keyed_fast(answer: str) -> None:
+    # CPU time, so a busy machine cannot fail it; Fraction("1e3000000") alone takes ~1 s
+    start = time.process_time()
+    key = answer_key(answer)
+    assert time.process_time() - start < 0.25
+    assert key == answer_key(answer) and key != answer_key("1")
+
+
+@pytest.mark.integration
+def test_a_huge_numeric_output_does_not_stall_the_request(tmp_path) -> None:
+    script = {"q": [[plan(("s1", "echo", "1e6000000", []))] * 2]}
+    with orchestrator_stack(tmp_path, FakePlanner(script), FakeVerifier()) as url:
+        started = time.monotonic()
+        r = httpx.post(
+            f"{url}/reason", json={"question": "q", "options": {"n_plans": 2}}, timeout=120
+        )
+        took = time.monotonic() - started
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"] == "1e6000000" and body["agreement"]["agreeing"] == 2
+    # each Fraction("1e6000000") costs about 3 s; the request votes several times
+    assert took < 5
+
+
+@pytest.mark.unit
+def test_a_huge_step_output_does_not_push_the_rest_of_the_work_out_of_the_claim() -> None:
+    from orchestrator.executor import Execution
+    from orchestrator.service import claim
+    from services.schemas import Plan, StepResult
+
+    p = Plan.model_validate(plan(("s1", "echo", "x", []), ("s2", "calc", "s1 * 0 + 5", ["s1"])))
+    steps = [
+        StepResult(id="s1", tool="echo", input="x", status="ok", output="7" * 20_000),
+        StepResult(id="s2", tool="calc", input="s1 * 0 + 5", status="ok", output="5"),
+    ]
+    c = claim("q", Execution(p, steps, {"s1": "7" * 20_000, "s2": 5}))
+    assert c["statement"] == "The answer is 5."
+    assert "s2 [calc] 's1 * 0 + 5' -> '5'" in c["context"]
+    assert c["context"].endswith("answer_step: s2") and len(c["context"]) < 16_000
