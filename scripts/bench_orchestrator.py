@@ -6,7 +6,8 @@ orchestrator (with an extra `sleep` tool) as three processes, then measures:
 - orchestration overhead per /reason (one trivial calc step, scripted models), P50/P99;
 - a plan of 8 independent 100 ms steps plus a join: execute wall time / critical path;
 - answer-cache hit P95 latency against a miss;
-- 64 concurrent clients for 30 s: requests/s, errors, orchestrator RSS before and after.
+- 64 concurrent clients for 30 s: requests/s, errors (each failure's status, error type
+  and message), orchestrator RSS before and after.
 
     python scripts/bench_orchestrator.py [--duration-s 30] [--clients 64]
 
@@ -24,6 +25,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections import Counter
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -90,6 +92,27 @@ def pct(values: list[float], q: float) -> float:
     return values[min(round(q / 100 * (len(values) - 1)), len(values) - 1)]
 
 
+def error_of(r: httpx.Response) -> dict[str, Any]:
+    try:
+        body = r.json()
+    except ValueError:
+        return {"type": None, "message": r.text[:200]}
+    error = body.get("error") if isinstance(body, dict) else None
+    return error if isinstance(error, dict) else {"type": None, "message": r.text[:200]}
+
+
+def failure(
+    run_t0: float, t0: float, status: int | None, kind: str | None, message: str | None
+) -> dict[str, Any]:
+    return {
+        "at_s": round(t0 - run_t0, 2),
+        "latency_ms": round((time.perf_counter() - t0) * 1000, 1),
+        "status": status,
+        "type": kind,
+        "message": (message or "")[:200],
+    }
+
+
 async def timed(client: httpx.AsyncClient, question: str, **options: Any) -> tuple[float, dict]:
     t0 = time.perf_counter()
     r = await client.post("/reason", json={"question": question, "options": options})
@@ -141,22 +164,33 @@ async def measure(args: argparse.Namespace, orch_pid: int, base: str) -> dict[st
         }
 
     rss_before = rss_mib(orch_pid)
-    counts = {"ok": 0, "errors": 0}
+    ok = 0
+    failures: list[dict[str, Any]] = []
+    run_t0 = time.perf_counter()
     stop_at = time.monotonic() + args.duration_s
     limits = httpx.Limits(max_connections=args.clients, max_keepalive_connections=args.clients)
 
     async def client_loop(k: int, client: httpx.AsyncClient) -> None:
+        nonlocal ok
         n = 0
         while time.monotonic() < stop_at:
             n += 1
+            t0 = time.perf_counter()
             try:
                 r = await client.post(
                     "/reason",
                     json={"question": f"{k} + {n % 50}", "options": {"use_cache": n % 2 == 0}},
                 )
-                counts["ok" if r.status_code == 200 else "errors"] += 1
-            except httpx.HTTPError:
-                counts["errors"] += 1
+            except httpx.HTTPError as exc:
+                failures.append(failure(run_t0, t0, None, type(exc).__name__, str(exc)))
+                continue
+            if r.status_code == 200:
+                ok += 1
+            else:
+                error = error_of(r)
+                failures.append(
+                    failure(run_t0, t0, r.status_code, error.get("type"), error.get("message"))
+                )
 
     t0 = time.monotonic()
     async with httpx.AsyncClient(base_url=base, timeout=30, limits=limits) as client:
@@ -165,8 +199,12 @@ async def measure(args: argparse.Namespace, orch_pid: int, base: str) -> dict[st
     out["load"] = {
         "clients": args.clients,
         "duration_s": round(elapsed, 1),
-        "requests_per_s": round(counts["ok"] / elapsed, 1),
-        "errors": counts["errors"],
+        "requests_per_s": round(ok / elapsed, 1),
+        "errors": len(failures),
+        # every failed request: when (s into the run), HTTP status (null for a transport
+        # error), error type (the error body's, or the exception's class) and message
+        "failures": failures[:100],
+        "failure_kinds": dict(Counter(f"{f['status']} {f['type']}" for f in failures)),
         "rss_mib_before": round(rss_before, 1),
         "rss_mib_after": round(rss_mib(orch_pid), 1),
     }
@@ -203,6 +241,7 @@ def main() -> None:
     from tests.conftest import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-orch-"))
+    print(f"service logs in {tmp}", file=sys.stderr)
     script = tmp / "plans.json"
     script.write_text(json.dumps(SCRIPT))
     ports = {"planner": free_port(), "verifier": free_port(), "orchestrator": free_port()}
@@ -223,6 +262,9 @@ def main() -> None:
         "ORCH_LOG_LEVEL": "WARNING",
         "ORCH_PLANNER_URL": f"http://127.0.0.1:{ports['planner']}",
         "ORCH_VERIFIER_URL": f"http://127.0.0.1:{ports['verifier']}",
+        # every client here is one address, i.e. one tenant (no API keys): let that
+        # tenant have all the load's clients in flight (the default share is 32)
+        "ORCH_TENANT_MAX_IN_FLIGHT": str(max(args.clients, 32)),
     }
     quiet = {"stdout": subprocess.DEVNULL, "env": env, "cwd": REPO}
     procs = [
