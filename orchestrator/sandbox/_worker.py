@@ -329,20 +329,32 @@ def _safe_builtins() -> dict:
     return table
 
 
+class _OutputCap(Exception):
+    """The child's own output-cap check. Job code has no name for this class, so a job
+    cannot claim `output_limit` by raising something with the right message."""
+
+
+# How deeply a result may nest. The child refuses deeper results (OverflowError); the
+# worker refuses (as a protocol violation) any result nested past _MAX_RESULT_DEPTH,
+# which leaves room above this bound and stays far below any JSON parser's recursion.
+_TO_JSONABLE_DEPTH = 50
+_MAX_RESULT_DEPTH = 64
+
+
 def _to_jsonable(value, max_chars: int, depth: int = 0):
-    """Convert a result to JSON-safe data; raise OverflowError past the output cap."""
+    """Convert a result to JSON-safe data; raise _OutputCap past the output cap."""
     import datetime
     import decimal
     import fractions
     import math
 
-    if depth > 50:
+    if depth > _TO_JSONABLE_DEPTH:
         raise OverflowError("result is nested too deeply")
     if value is None or isinstance(value, bool | str):
         return value
     if isinstance(value, int):
         if value.bit_length() > max_chars * 3.33:
-            raise OverflowError("integer result is longer than the output cap")
+            raise _OutputCap("integer result is longer than the output cap")
         # Integers longer than the interpreter's int/str conversion limit come back as
         # a decimal string, so that the service can always print them.
         if value.bit_length() <= 4300 * 3.32:
@@ -372,12 +384,12 @@ def _to_jsonable(value, max_chars: int, depth: int = 0):
                 item, max_chars, depth + 1
             )
             if len(out) > max_chars:
-                raise OverflowError("result is longer than the output cap")
+                raise _OutputCap("result is longer than the output cap")
         return out
     if isinstance(value, list | tuple | range | set | frozenset):
         items = list(value)
         if len(items) > max_chars:
-            raise OverflowError("result is longer than the output cap")
+            raise _OutputCap("result is longer than the output cap")
         if isinstance(value, set | frozenset):
             try:
                 items.sort()
@@ -386,7 +398,7 @@ def _to_jsonable(value, max_chars: int, depth: int = 0):
         return [_to_jsonable(item, max_chars, depth + 1) for item in items]
     text = repr(value)
     if len(text) > max_chars:
-        raise OverflowError("result is longer than the output cap")
+        raise _OutputCap("result is longer than the output cap")
     return text
 
 
@@ -454,17 +466,22 @@ def _child_main(job: dict, write_fd: int, layers: dict) -> None:
         if assigns_result and "result" in namespace:
             result = namespace["result"]
         result = _to_jsonable(result, max_chars)
+        # The one measure of a result, here, in the worker and in the service: the
+        # characters of its JSON text (non-ASCII characters count one each).
         if len(dumps(result, ensure_ascii=False)) > max_chars:
-            raise OverflowError("result is longer than the output cap")
+            raise _OutputCap("result is longer than the output cap")
+    except _OutputCap as exc:  # raised only by the checks above, never by job code
+        status, result = "error", None
+        error = f"OverflowError: {exc}"
+        category = "output_limit"
+    # A job can raise MemoryError or RecursionError itself and be reported as having hit
+    # that limit: both are ordinary limits (a tool_limit line, no alert), so the claim
+    # gains it nothing that running out of memory or stack for real would not.
     except MemoryError:
         status, result, error, category = "error", None, "MemoryError: out of memory", "memory"
     except RecursionError as exc:
         status, result, category = "error", None, "recursion"
         error = f"RecursionError: {exc}"
-    except OverflowError as exc:
-        status, result = "error", None
-        error = f"OverflowError: {exc}"
-        category = "output_limit" if "output cap" in str(exc) else None
     except BaseException as exc:
         status, result = "error", None
         try:
@@ -508,6 +525,9 @@ def _confine_child(result_fd: int, job_fd: int, devnull: int, layers: dict) -> N
     resource.setrlimit(resource.RLIMIT_MSGQUEUE, (0, 0))
     _drop_capabilities()
     _check(_libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0), "no_new_privs")
+    # Inherited from the worker already; stated here so that it holds for each child
+    # whatever its ancestors did: no ptrace or core dump of a job by a sibling.
+    _check(_libc.prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), "dumpable")
     if layers["landlock"]:
         _install_landlock(layers["landlock"], layers["block_sockets"])
     if layers["seccomp"]:
@@ -771,7 +791,17 @@ def _start_zygote() -> _Zygote:
 
 
 def _send(message: dict) -> None:
-    data = json.dumps(message, ensure_ascii=False).encode() + b"\n"
+    try:
+        data = json.dumps(message, ensure_ascii=False).encode() + b"\n"
+    except UnicodeEncodeError:
+        # A lone surrogate (from a "\\ud800" escape in a job's result) has no UTF-8
+        # form. Only the job's 'done' carries text the job chose; the worker lives on.
+        message = _BASE | {
+            "status": "error",
+            "error": "the job wrote text that is not well-formed Unicode",
+            "category": "protocol",
+        }
+        data = json.dumps(message).encode() + b"\n"
     view = memoryview(data)
     while view:
         view = view[os.write(1, view) :]
@@ -891,7 +921,10 @@ def _run_job(job: dict, spare: _Spare, zygote: _Zygote, channel: _Channel | None
         if killed_for is not None or not exited:
             spare.kill()
         spare.close()
-    report = _report(data, killed_for)
+    try:
+        report = _report(data, killed_for)
+    except Exception:  # whatever the job wrote, the worker answers and lives on
+        report = _MALFORMED
     if report is None:  # no well-formed result: the exit status tells what happened
         report = _report_exit(data, zygote.exit_status(spare.pid, 5.0))
     zygote.forget(spare.pid)
@@ -900,7 +933,51 @@ def _run_job(job: dict, spare: _Spare, zygote: _Zygote, channel: _Channel | None
 
 _BASE = {"event": "done", "result": None, "stdout": "", "error": None, "category": None}
 # What a child may report about its own run; anything else is a protocol violation.
-_CHILD_CATEGORIES = (None, "memory", "recursion", "output_limit")
+# A limit comes only with status "error": "ok" has no category.
+_CHILD_CATEGORIES = {"ok": (None,), "error": (None, "memory", "recursion", "output_limit")}
+_MALFORMED = _BASE | {
+    "status": "error",
+    "error": "the job wrote a malformed result",
+    "category": "protocol",
+}
+
+
+class _NotJSONData(ValueError):
+    """Parseable, but not plain JSON data: a protocol violation, not a missing result."""
+
+
+def _reject_constant(name: str) -> None:
+    raise _NotJSONData(f"{name} is not JSON")  # NaN, Infinity, -Infinity
+
+
+def _unique_keys(pairs: list) -> dict:
+    obj = dict(pairs)
+    if len(obj) != len(pairs):  # which one counts would depend on the parser
+        raise _NotJSONData("duplicate key")
+    return obj
+
+
+def _too_deep(value: object, data: bytes | bytearray) -> bool:
+    """Whether a result nests past _MAX_RESULT_DEPTH (dicts and lists).
+
+    Text with fewer brackets than the bound cannot nest past it: that count runs at
+    memchr speed, so only results with many brackets are walked (level by level).
+    """
+    if data.count(b"[") + data.count(b"{") <= _MAX_RESULT_DEPTH:
+        return False
+    level = [value] if isinstance(value, dict | list) else []
+    depth = 0
+    while level:
+        depth += 1
+        if depth > _MAX_RESULT_DEPTH:
+            return True
+        level = [
+            item
+            for container in level
+            for item in (container.values() if isinstance(container, dict) else container)
+            if isinstance(item, dict | list)
+        ]
+    return False
 
 
 def _report(data: bytes | bytearray, killed_for: str | None) -> dict | None:
@@ -916,27 +993,41 @@ def _report(data: bytes | bytearray, killed_for: str | None) -> dict | None:
             "category": "output_flood",
         }
     try:
-        payload = json.loads(data.decode("utf-8", "replace")) if data else None
+        # Strictly JSON data: no NaN or Infinity, no duplicate keys (_NotJSONData).
+        payload = (
+            json.loads(
+                data.decode("utf-8", "replace"),
+                parse_constant=_reject_constant,
+                object_pairs_hook=_unique_keys,
+            )
+            if data
+            else None
+        )
+    except _NotJSONData:
+        return _MALFORMED
     except (ValueError, RecursionError):
         payload = None
     if not isinstance(payload, dict) or "status" not in payload:
-        return None
+        return None  # not a result at all: the exit status tells what happened
     max_chars = int(CONFIG["max_output_chars"])
     status, category = payload["status"], payload.get("category")
     stdout, error = payload.get("stdout") or "", payload.get("error")
     if (
-        status not in ("ok", "error")
-        or category not in _CHILD_CATEGORIES
+        not isinstance(status, str)
+        or category not in _CHILD_CATEGORIES.get(status, ())
         or not isinstance(stdout, str)
         or not (error is None or isinstance(error, str))
     ):
+        return _MALFORMED
+    result = payload.get("result") if status == "ok" else None
+    if _too_deep(result, data):
         return _BASE | {
             "status": "error",
-            "error": "the job wrote a malformed result",
+            "error": f"the job wrote a result nested deeper than {_MAX_RESULT_DEPTH}",
             "category": "protocol",
         }
-    result = payload.get("result") if status == "ok" else None
-    if len(stdout) > max_chars or len(json.dumps(result)) > max_chars:
+    # Measured as the child measures it: characters of the JSON text.
+    if len(stdout) > max_chars or len(json.dumps(result, ensure_ascii=False)) > max_chars:
         # The child's own checks refuse this; only code writing to the pipe gets here.
         return _BASE | {
             "status": "error",

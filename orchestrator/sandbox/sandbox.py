@@ -124,6 +124,16 @@ class _WorkerLost(Exception):
     """The worker was gone before it started the job."""
 
 
+class _ProtocolError(Exception):
+    """The worker sent something that is not a well-formed message."""
+
+
+def _reject_constant(name: str) -> None:
+    # NaN and Infinity are not JSON: the worker never sends them, and the HTTP layer
+    # could not serialise them.
+    raise ValueError(f"{name} is not JSON")
+
+
 class _Worker:
     """One worker process, its JSON-lines channel and a pidfd of its zygote."""
 
@@ -143,9 +153,12 @@ class _Worker:
         line = await self.proc.stdout.readline()
         if not line:
             raise ConnectionError("worker closed its channel")
-        message = json.loads(line)
+        try:
+            message = json.loads(line, parse_constant=_reject_constant)
+        except Exception as exc:  # RecursionError (too deep) and UnicodeDecodeError too
+            raise _ProtocolError(f"worker sent unparseable data: {type(exc).__name__}") from exc
         if not isinstance(message, dict):
-            raise ConnectionError("worker sent a malformed message")
+            raise _ProtocolError("worker sent a malformed message")
         return message
 
     async def send(self, message: dict[str, Any]) -> None:
@@ -352,7 +365,10 @@ class Sandbox:
             worker.zygote_pidfd = os.pidfd_open(int(message["zygote_pid"]))
         except BaseException as exc:
             await self._discard(worker)
-            if isinstance(exc, ConnectionError | TimeoutError | ValueError | KeyError | OSError):
+            if isinstance(
+                exc,
+                ConnectionError | TimeoutError | ValueError | KeyError | OSError | _ProtocolError,
+            ):
                 raise SandboxUnavailableError(f"sandbox worker failed to start: {exc}") from exc
             raise
         worker.layers = layers
@@ -460,7 +476,7 @@ class Sandbox:
             async with asyncio.timeout(_KILL_GRACE_S):
                 while (await worker.read_message()).get("event") != "done":
                     pass
-        except (TimeoutError, ConnectionError, ValueError, OSError):
+        except Exception:  # whatever went wrong, the worker is not reused
             self._replace(worker)
             return
         if worker.alive and not worker.retired and not self._closed:
@@ -557,31 +573,42 @@ class Sandbox:
                 except (ConnectionError, OSError) as exc:
                     raise _WorkerLost from exc
                 if message.get("event") != "started":
-                    raise ConnectionError(f"unexpected worker message {message.get('event')}")
+                    raise _ProtocolError(f"unexpected worker message {message.get('event')}")
                 message = await worker.read_message()
             if message.get("event") != "done":
-                raise ConnectionError(f"unexpected worker message {message.get('event')}")
+                raise _ProtocolError(f"unexpected worker message {message.get('event')}")
         except asyncio.CancelledError:
             worker.cancel_job()
             self._track(self._recover(worker))
             raise
-        except (ConnectionError, TimeoutError, ValueError, KeyError, OSError) as exc:
+        except _WorkerLost:
+            raise
+        except Exception as exc:
+            # Every failure replaces the worker: one that escaped from here would leave
+            # it neither idle nor replaced, out of the pool for good.
             if self._closed:  # close() is stopping every worker
                 return SandboxResult("error", error="the sandbox was closed", category="closed")
             self._replace(worker)
-            reason = "did not answer" if isinstance(exc, TimeoutError) else "failed"
-            return SandboxResult(
-                "error",
-                error=f"sandbox worker {reason}: {type(exc).__name__}",
-                category="crash",
-            )
+            if isinstance(exc, ConnectionError | TimeoutError | OSError):
+                reason = "did not answer" if isinstance(exc, TimeoutError) else "failed"
+                return SandboxResult(
+                    "error",
+                    error=f"sandbox worker {reason}: {type(exc).__name__}",
+                    category="crash",
+                )
+            return _broke_protocol(exc)
         if self._closed:
             return SandboxResult("error", error="the sandbox was closed", category="closed")
+        try:
+            result = self._result(message)
+        except Exception as exc:  # the worker broke protocol (or lies): not reused
+            self._replace(worker)
+            return _broke_protocol(exc)
         if worker.alive and not worker.retired:
             self._idle.put_nowait(worker)
         else:
             self._replace(worker)
-        return self._result(message)
+        return result
 
     def _result(self, message: dict[str, Any]) -> SandboxResult:
         """The worker's 'done' message as a result; whatever breaks protocol is refused."""
@@ -594,20 +621,27 @@ class Sandbox:
             or category not in _WORKER_CATEGORIES
             or not isinstance(stdout, str)
         ):
-            return SandboxResult(
-                "error", error="the sandbox worker broke protocol", category="protocol"
-            )
+            raise _ProtocolError("malformed 'done' message")
         error = None if error is None else str(error)[:_MAX_ERROR_CHARS]
         result = message.get("result") if status == "ok" else None
         if (
             len(stdout) > self.settings.max_output_chars
-            or len(json.dumps(result)) > self.settings.max_output_chars
+            # The one measure of a result everywhere: characters of its JSON text.
+            or len(json.dumps(result, ensure_ascii=False)) > self.settings.max_output_chars
         ):
             # The worker checks this too; this holds even for a worker that lies.
             return SandboxResult(
                 "error", error="result exceeds the output cap", category="output_flood"
             )
         return SandboxResult(status, result, stdout, error, category)
+
+
+def _broke_protocol(exc: BaseException) -> SandboxResult:
+    return SandboxResult(
+        "error",
+        error=f"the sandbox worker broke protocol: {type(exc).__name__}",
+        category="protocol",
+    )
 
 
 def _make_undumpable() -> bool:
