@@ -44,7 +44,7 @@ def create_app(
         name="planner",
         lifespan=lifespan,
         readiness=planner.readiness,
-        max_body_bytes=settings.max_body_bytes,
+        limits=settings.http_limits(),
     )
     app.state.planner = planner
 

@@ -48,7 +48,7 @@ def create_app(
         name="verifier",
         lifespan=lifespan,
         readiness=verifier.readiness,
-        max_body_bytes=settings.max_body_bytes,
+        limits=settings.http_limits(),
     )
     app.state.verifier = verifier
 
