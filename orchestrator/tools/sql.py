@@ -97,6 +97,8 @@ READER_ROLE = "reason_reader"
 MAX_QUERY_CHARS = 8000
 MAX_TREE_DEPTH = 200
 MAX_CELL_CHARS = 1000
+# Numbers with more integer digits than this are shown as text in E notation.
+MAX_EXACT_DIGITS = 1000
 MAX_OUTPUT_CHARS = 20_000
 # Role defaults: a backstop if a connection is ever used outside the tool's transaction.
 ROLE_STATEMENT_TIMEOUT_MS = 5000
@@ -603,6 +605,8 @@ def _json_value(value: Any) -> Any:
     if isinstance(value, Decimal):
         if not value.is_finite():
             return str(value)
+        if value.adjusted() >= MAX_EXACT_DIGITS:
+            return _scientific(value)
         if value == value.to_integral_value():
             return int(value)
         as_float = float(value)
@@ -623,6 +627,25 @@ def _json_value(value: Any) -> Any:
         return {str(k): _json_value(v) for k, v in list(value.items())[:MAX_CELL_CHARS]}
     text = str(value)
     return text if len(text) <= MAX_CELL_CHARS else text[:MAX_CELL_CHARS] + "…"
+
+
+def _scientific(value: Decimal) -> str:
+    """A number too long to show exactly as text in E notation, its digits cut to a cell
+    (int() of it is slow past thousands of digits, and JSON refuses ints past 4300)."""
+    sign, digits, exponent = value.as_tuple()
+    kept = len(digits)
+    while kept > 1 and digits[kept - 1] == 0:
+        kept -= 1
+    assert isinstance(exponent, int)  # finite
+    text = format(Decimal((sign, digits[:kept], exponent + len(digits) - kept)), "E")
+    if len(text) > MAX_CELL_CHARS:
+        mantissa, power = text.split("E")
+        text = mantissa[: MAX_CELL_CHARS - len(power) - 2] + "…E" + power
+    return text
+
+
+def _parse_int(text: str) -> int | Decimal:
+    return int(text) if len(text) <= MAX_EXACT_DIGITS else Decimal(text)
 
 
 def _unique(names: Sequence[str]) -> list[str]:
@@ -646,7 +669,9 @@ def _json_rows(texts: Sequence[str]) -> tuple[list[str], list[list[Any]]]:
                 "shorter columns"
             )
         try:
-            pairs = json.loads(text, parse_float=Decimal, object_pairs_hook=_Pairs)
+            pairs = json.loads(
+                text, parse_float=Decimal, parse_int=_parse_int, object_pairs_hook=_Pairs
+            )
             if not columns:
                 columns = _unique([key for key, _ in pairs])
             rows.append([_plain(value) for _, value in pairs])

@@ -122,3 +122,24 @@ async def test_a_deeply_nested_value_is_an_error_not_a_crash(sample_db: Any) -> 
         assert await tool("SELECT count(*) FROM orders", ToolContext(timeout_s=5)) == "48"
     finally:
         await tool.close()
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("exponent", [5000, 100_000])
+def test_a_huge_integral_decimal_is_shown_as_text(exponent: int) -> None:
+    # int() of it, then json.dumps, raised past 4300 digits (and int() of 1E+100000 is slow)
+    text = render_rows(["n"], [(Decimal(f"1E+{exponent}"),)], 200)
+    assert text.startswith("1E+") and str(exponent) in text
+    assert render_rows(["n"], [(Decimal("1E+20"),)], 200) == "100000000000000000000"
+
+
+@pytest.mark.integration
+async def test_postgres_numeric_of_5000_digits_is_a_result(sample_db: Any) -> None:
+    tool = SqlTool(sample_db.reader_dsn, None, pool_size=1)
+    await tool.start()
+    try:
+        out = await tool("SELECT CAST('1e5000' AS numeric) AS n", ToolContext(timeout_s=5))
+        assert isinstance(out, str) and "1E+5000" in out
+        assert await tool("SELECT CAST('12' AS numeric) AS n", ToolContext(timeout_s=5)) == "12"
+    finally:
+        await tool.close()
