@@ -20,7 +20,7 @@ from typing import Any, cast
 import structlog
 from prometheus_client import Counter, Histogram
 
-from orchestrator.cache import Cache, make_key, normalize_text
+from orchestrator.cache import Cache, cache_get, make_key, normalize_text
 from orchestrator.sandbox.events import security_alert
 from orchestrator.tools.base import ToolContext, ToolError, ToolFn, ToolRefused
 from services.schemas import StepSource, StepStatus, ToolRunResult, ToolSpec
@@ -138,11 +138,9 @@ class ToolRegistry:
             return _outcome(name, text, "error", error=f"unknown tool {name!r}")
         key = self._cache_key(tool, text, ctx) if tool.cache_ttl_s and self._cache else None
         if key is not None and self._cache is not None:
-            cached = await self._cache.get(key)
-            if cached is not None:
-                entry = json.loads(cached)
-                if entry["fresh_until"] >= time.time():
-                    return _outcome(name, text, "ok", value=entry["value"], source="cache")
+            entry = await cache_get(self._cache, key, "tool", _parse_entry)
+            if entry is not None and entry[1] >= time.time():
+                return _outcome(name, text, "ok", value=entry[0], source="cache")
 
         timeout_s = max(min(tool.timeout_s, ctx.timeout_s), 0.001)
         status, error, value = await self._attempt(tool, text, ctx, timeout_s)
@@ -167,13 +165,13 @@ class ToolRegistry:
             return _outcome(name, text, "error", error=error)
 
         if key is not None and self._cache is not None:
-            cached = await self._cache.get(key)
-            if cached is not None:
+            entry = await cache_get(self._cache, key, "tool", _parse_entry)
+            if entry is not None:
                 return _outcome(
                     name,
                     text,
                     "ok",
-                    value=json.loads(cached)["value"],
+                    value=entry[0],
                     source="cache",
                     error=f"{name} {status}: {error}; served a cached result",
                 )
@@ -223,6 +221,18 @@ class ToolRegistry:
             log.exception(f"tool {tool.name} crashed", **{"labels.tool": tool.name})
             return "error", f"{tool.name} failed: {type(exc).__name__}", None
         return "ok", None, value
+
+
+def _parse_entry(text: str) -> tuple[Any, float]:
+    """A tool-cache entry as (value, fresh until); ValueError, TypeError or KeyError for
+    one that is corrupt or of another schema (cache_get then deletes it)."""
+    entry = json.loads(text)
+    if not isinstance(entry, dict) or set(entry) != {"value", "fresh_until"}:
+        raise ValueError("not a tool-cache entry")
+    fresh_until = entry["fresh_until"]
+    if isinstance(fresh_until, bool) or not isinstance(fresh_until, int | float):
+        raise TypeError("fresh_until is not a number")
+    return entry["value"], float(fresh_until)
 
 
 def _outcome(
