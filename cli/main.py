@@ -38,16 +38,17 @@ SERVICES = (("planner", 8001), ("verifier", 8002), ("orchestrator", 8000))
 
 
 def service_command(name: str, host: str, port: int) -> list[str]:
+    """One service under services.serve: uvicorn with the HTTP front's limits that only
+    the server can enforce (header bytes as they arrive, header read time)."""
     return [
         sys.executable,
         "-m",
-        "uvicorn",
-        f"{name}.app:app",
+        "services.serve",
+        name,
         "--host",
         host,
         "--port",
         str(port),
-        "--no-access-log",
         "--timeout-graceful-shutdown",
         "5",
     ]

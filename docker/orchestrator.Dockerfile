@@ -39,4 +39,4 @@ USER reason:reason
 EXPOSE 8000
 HEALTHCHECK --interval=15s --timeout=5s --start-period=20s --retries=3 \
   CMD ["python", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8000/readyz', timeout=4).status == 200 else 1)"]
-CMD ["uvicorn", "orchestrator.app:app", "--host", "0.0.0.0", "--port", "8000", "--no-access-log", "--timeout-graceful-shutdown", "20"]
+CMD ["python", "-m", "services.serve", "orchestrator", "--host", "0.0.0.0", "--port", "8000", "--timeout-graceful-shutdown", "20"]

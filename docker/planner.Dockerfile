@@ -68,4 +68,4 @@ EXPOSE 8001
 HEALTHCHECK --interval=20s --timeout=5s --start-period=600s --retries=3 \
   CMD ["python3.12", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8001/readyz', timeout=4).status == 200 else 1)"]
 ENTRYPOINT ["/usr/local/bin/model-entrypoint.sh"]
-CMD ["uvicorn", "planner.app:app", "--host", "0.0.0.0", "--port", "8001", "--no-access-log", "--timeout-graceful-shutdown", "30"]
+CMD ["python3.12", "-m", "services.serve", "planner", "--host", "0.0.0.0", "--port", "8001", "--timeout-graceful-shutdown", "30"]

@@ -64,4 +64,4 @@ EXPOSE 8002
 HEALTHCHECK --interval=15s --timeout=5s --start-period=180s --retries=3 \
   CMD ["python3.12", "-c", "import sys, urllib.request; sys.exit(0 if urllib.request.urlopen('http://127.0.0.1:8002/readyz', timeout=4).status == 200 else 1)"]
 ENTRYPOINT ["/usr/local/bin/model-entrypoint.sh"]
-CMD ["uvicorn", "verifier.app:app", "--host", "0.0.0.0", "--port", "8002", "--no-access-log", "--timeout-graceful-shutdown", "20"]
+CMD ["python3.12", "-m", "services.serve", "verifier", "--host", "0.0.0.0", "--port", "8002", "--timeout-graceful-shutdown", "20"]

@@ -441,6 +441,26 @@ def test_dockerfile_is_non_root_healthchecked_pinned_and_multi_stage(path: Path)
     assert "tests" not in copies and ". /app" not in copies
 
 
+SERVICES = {"orchestrator": 8000, "planner": 8001, "verifier": 8002}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("service", sorted(SERVICES))
+def test_every_launch_path_runs_the_service_under_services_serve(service: str) -> None:
+    # services.serve adds the header-size and header-read-time bounds plain uvicorn lacks
+    instructions = dockerfile_instructions(ROOT / "docker" / f"{service}.Dockerfile")
+    cmd = json.loads([rest for word, rest in instructions if word == "CMD"][-1])
+    assert cmd[1:4] == ["-m", "services.serve", service], cmd
+    assert cmd[cmd.index("--host") + 1] == "0.0.0.0"
+    assert cmd[cmd.index("--port") + 1] == str(SERVICES[service])
+    compose = yaml.safe_load((ROOT / "compose.yaml").read_text())["services"][service]
+    assert "command" not in compose and "entrypoint" not in compose
+    for doc in yaml.safe_load_all((ROOT / "deploy/k8s" / f"{service}.yaml").read_text()):
+        if doc and doc.get("kind") == "Deployment":
+            for container in doc["spec"]["template"]["spec"]["containers"]:
+                assert "command" not in container and "args" not in container
+
+
 @pytest.mark.unit
 def test_orchestrator_lock_covers_the_project_dependencies() -> None:
     import tomllib

@@ -307,3 +307,50 @@ def test_requests_past_the_in_flight_limit_get_503_and_probes_still_answer(launc
         assert_error(second.content, "overloaded")
         assert health.status_code == 200
         assert calls == ["block"]
+
+
+@contextmanager
+def served_like_reason_serve(tmp_path: Any, **env: str) -> Iterator[int]:
+    """The verifier as `reason serve` (and `scripts/run.sh`, and the tests' Stack) runs it."""
+    import os
+    import subprocess
+
+    from cli.main import service_command, stop_services, wait_ready
+
+    port = free_port()
+    child_env = {**os.environ, "VERIFIER_LOG_DIR": str(tmp_path), **env}
+    proc = subprocess.Popen(service_command("verifier", "127.0.0.1", port), env=child_env)
+    try:
+        ready = wait_ready({"verifier": f"http://127.0.0.1:{port}"}, 30, {"verifier": proc})
+        assert ready["verifier"]
+        yield port
+    finally:
+        stop_services({"verifier": proc})
+
+
+@pytest.mark.integration
+def test_a_service_started_like_reason_serve_refuses_a_megabyte_of_headers(tmp_path) -> None:
+    with served_like_reason_serve(tmp_path, VERIFIER_HEADER_READ_TIMEOUT_S="30") as port:
+        big = b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Big: " + b"a" * 1_000_000 + b"\r\n"
+        for tail in (b"\r\n", b"X-More: 1"):  # headers complete, and still arriving
+            reply, took = exchange(port, big + tail, wait_s=8)
+            assert not reply.endswith(b"<no close>") and took < 8
+            if reply:  # a 431 in the error shape, or the connection just closed
+                status, body = split(reply)
+                assert status == 431
+                assert_error(body, "request_header_too_large")
+        ok, _ = exchange(port, b"GET /healthz HTTP/1.1\r\nHost: t\r\nConnection: close\r\n\r\n")
+        assert split(ok)[0] == 200
+
+
+@pytest.mark.integration
+def test_a_service_started_like_reason_serve_cuts_off_headers_that_never_finish(
+    tmp_path,
+) -> None:
+    with served_like_reason_serve(tmp_path, VERIFIER_HEADER_READ_TIMEOUT_S="0.5") as port:
+        reply, took = exchange(port, b"GET /healthz HTTP/1.1\r\nHost: t\r\nX-Slow: 1", wait_s=8)
+        assert not reply.endswith(b"<no close>") and took < 5
+        if reply:
+            status, body = split(reply)
+            assert status == 408
+            assert_error(body, "request_timeout")
