@@ -19,7 +19,7 @@ from typing import Any
 
 import structlog
 
-from orchestrator.limits import SANDBOX_TOOLS, TenantSemaphore, ToolBudget
+from orchestrator.limits import TenantSemaphore, ToolBudget
 from orchestrator.tools.base import ToolContext
 from orchestrator.tools.registry import Outcome, ToolRegistry
 from services.plans import check_plan
@@ -60,41 +60,22 @@ class PlanExecutor:
         self, registry: ToolRegistry, *, sandbox_slots: TenantSemaphore | None = None
     ) -> None:
         self.registry = registry
-        self.sandbox_slots = sandbox_slots
+        if sandbox_slots is not None:
+            registry.sandbox_slots = sandbox_slots  # the registry takes them per job
+        self.sandbox_slots = registry.sandbox_slots
 
     async def run_tool(
         self, name: str, text: str, ctx: ToolContext, *, slots_tenant: str | None = None
     ) -> Outcome:
-        """One tool call within `ctx.timeout_s`: a sandbox tool first waits (within that
-        time) for one of the sandbox slots of `slots_tenant` (default: `ctx.tenant`).
-        The registry never raises, by contract; should it, the failure is recorded as
-        this call's, not the request's."""
-        gated = self.sandbox_slots is not None and name in SANDBOX_TOOLS
+        """One tool call within `ctx.timeout_s`. Every sandbox job it runs (a python
+        step, or another tool's fallback to python) first waits, within that time, for
+        one of the sandbox slots of `slots_tenant` (default: `ctx.tenant`), in the
+        registry. The registry never raises, by contract; should it, the failure is
+        recorded as this call's, not the request's."""
+        if slots_tenant is not None:
+            ctx = replace(ctx, limits_tenant=slots_tenant)
         try:
-            if not gated:
-                return await self.registry.run(name, text, ctx)
-            assert self.sandbox_slots is not None
-            holder = slots_tenant or ctx.tenant
-            loop = asyncio.get_running_loop()
-            deadline = loop.time() + ctx.timeout_s
-            try:
-                async with asyncio.timeout_at(deadline):
-                    await self.sandbox_slots.acquire(holder)
-            except TimeoutError:
-                return Outcome(
-                    ToolRunResult(
-                        tool=name,
-                        input=text,
-                        status="timeout",
-                        error="no sandbox slot of this tenant came free in time "
-                        f"({self.sandbox_slots.per_tenant} at once per tenant)",
-                    )
-                )
-            try:
-                ctx = replace(ctx, timeout_s=max(deadline - loop.time(), 0.001))
-                return await self.registry.run(name, text, ctx)
-            finally:
-                self.sandbox_slots.release(holder)
+            return await self.registry.run(name, text, ctx)
         except Exception as exc:
             log.exception(
                 f"running tool {name} failed",

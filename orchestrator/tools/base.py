@@ -32,6 +32,9 @@ class ToolContext:
     # Results of earlier steps, by step id ("s1", "s2" ...), as values.
     values: dict[str, Any] = field(default_factory=dict)
     timeout_s: float = 5.0
+    # Who the per-tenant sandbox share counts (default: `tenant`): the client address
+    # when no API keys are configured, while the caches stay in one namespace.
+    limits_tenant: str | None = None
 
 
 ToolFn = Callable[[str, ToolContext], Awaitable[Any]]

@@ -14,13 +14,14 @@ import asyncio
 import hashlib
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, cast
 
 import structlog
 from prometheus_client import Counter, Histogram
 
 from orchestrator.cache import Cache, cache_get, make_key, normalize_text
+from orchestrator.limits import SANDBOX_TOOLS, TenantSemaphore
 from orchestrator.sandbox.events import security_alert
 from orchestrator.tools.base import ToolContext, ToolError, ToolFn, ToolRefused
 from services.schemas import StepSource, StepStatus, ToolRunResult, ToolSpec
@@ -70,9 +71,16 @@ class Outcome:
 
 
 class ToolRegistry:
-    def __init__(self, cache: Cache | None = None) -> None:
+    """`sandbox_slots`, when set, bounds the sandbox jobs each tenant runs at once: every
+    call of a sandbox tool, a fallback's included, first waits (within its time) for one
+    of the slots of `ctx.limits_tenant or ctx.tenant`."""
+
+    def __init__(
+        self, cache: Cache | None = None, *, sandbox_slots: TenantSemaphore | None = None
+    ) -> None:
         self._tools: dict[str, Tool] = {}
         self._cache = cache
+        self.sandbox_slots = sandbox_slots
 
     def register(self, tool: Tool) -> None:
         if tool.name in self._tools:
@@ -143,7 +151,7 @@ class ToolRegistry:
                 return _outcome(name, text, "ok", value=entry[0], source="cache")
 
         timeout_s = max(min(tool.timeout_s, ctx.timeout_s), 0.001)
-        status, error, value = await self._attempt(tool, text, ctx, timeout_s)
+        status, error, value = await self._attempt(tool, text, ctx, timeout_s, ctx.timeout_s)
         if status == "ok":
             if key is not None and self._cache is not None and tool.cache_ttl_s:
                 entry = {"value": value, "fresh_until": time.time() + tool.cache_ttl_s}
@@ -180,7 +188,7 @@ class ToolRegistry:
         fallback = self._tools.get(tool.fallback) if tool.fallback else None
         if fallback is not None and remaining > 0.01:
             fb_status, fb_error, fb_value = await self._attempt(
-                fallback, text, ctx, max(min(fallback.timeout_s, remaining), 0.001)
+                fallback, text, ctx, max(min(fallback.timeout_s, remaining), 0.001), remaining
             )
             if fb_status == "ok":
                 return _outcome(
@@ -196,9 +204,36 @@ class ToolRegistry:
         return _outcome(name, text, "timeout" if status == "timeout" else "error", error=error)
 
     async def _attempt(
+        self, tool: Tool, text: str, ctx: ToolContext, timeout_s: float, budget_s: float
+    ) -> tuple[str, str | None, Any]:
+        """One call of `tool` within `timeout_s`; a sandbox tool first waits for its
+        tenant's slot, within `budget_s` (the call's time left) for wait and run."""
+        slots = self.sandbox_slots if tool.name in SANDBOX_TOOLS else None
+        if slots is None:
+            return await self._call(tool, text, ctx, timeout_s)
+        holder = ctx.limits_tenant or ctx.tenant
+        loop = asyncio.get_running_loop()
+        deadline = loop.time() + max(budget_s, timeout_s)
+        try:
+            async with asyncio.timeout_at(deadline):
+                await slots.acquire(holder)
+        except TimeoutError:
+            return (
+                "timeout",
+                "no sandbox slot of this tenant came free in time "
+                f"({slots.per_tenant} at once per tenant)",
+                None,
+            )
+        try:
+            run_s = max(min(timeout_s, deadline - loop.time()), 0.001)
+            return await self._call(tool, text, ctx, run_s)
+        finally:
+            slots.release(holder)
+
+    async def _call(
         self, tool: Tool, text: str, ctx: ToolContext, timeout_s: float
     ) -> tuple[str, str | None, Any]:
-        call_ctx = ToolContext(ctx.trace_id, ctx.tenant, ctx.values, timeout_s)
+        call_ctx = replace(ctx, timeout_s=timeout_s)
         # A tool that enforces `ctx.timeout_s` itself (the sandbox kills its job, says so
         # and keeps its worker) gets this much longer, so that its own timeout fires first.
         grace_s = float(getattr(tool.fn, "timeout_grace_s", 0.0))
