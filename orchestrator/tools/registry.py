@@ -154,9 +154,9 @@ class ToolRegistry:
         status, error, value = await self._attempt(tool, text, ctx, timeout_s, ctx.timeout_s)
         if status == "ok":
             if key is not None and self._cache is not None and tool.cache_ttl_s:
-                entry = {"value": value, "fresh_until": time.time() + tool.cache_ttl_s}
+                fresh = {"value": value, "fresh_until": time.time() + tool.cache_ttl_s}
                 await self._cache.set(
-                    key, json.dumps(entry, default=str), tool.cache_ttl_s * STALE_FACTOR
+                    key, json.dumps(fresh, default=str), tool.cache_ttl_s * STALE_FACTOR
                 )
             return _outcome(name, text, "ok", value=value)
         log.warning(
