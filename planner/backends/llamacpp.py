@@ -11,9 +11,13 @@ schema fails to compile, and a silent fallback is exactly what must not happen.
 
 One model context serves one generation at a time. Generation runs in a worker thread so
 the event loop stays free; requests queue on an asyncio lock, and a threading lock guards
-the context itself in case a cancelled request's thread is still finishing. llama.cpp has
-no batched `n`: n completions are n sequential samples with distinct seeds, sharing the
-prompt's KV cache (the prompt prefix is evaluated once).
+the context itself in case a cancelled request's thread is still finishing. The n
+completions of one request (distinct seeds: seed + k * SEED_STRIDE) decode as one batch:
+the prompt is evaluated once, its KV cells are shared by n sequences, and all of them
+advance together in one `llama_decode` per token, each with its own sampler and xgrammar
+matcher (`batch_decode`). n = 1, the GBNF engine and a model without its own chat template
+take the sequential path: one `create_chat_completion` per sample, sharing the prompt's
+KV cache through llama-cpp-python's prefix match.
 """
 
 from __future__ import annotations
@@ -30,7 +34,13 @@ from typing import Any
 import structlog
 
 from planner.backends.base import Generation, GenerationRequest
-from planner.backends.schema_constraint import SchemaConstraint
+from planner.backends.batch_decode import (
+    BatchCancelled,
+    chat_formatter,
+    chat_prompt,
+    decode_batch,
+)
+from planner.backends.schema_constraint import ConstraintError, SchemaConstraint
 from services.catalog import resolve_gguf
 from services.settings import PlannerSettings
 
@@ -42,6 +52,7 @@ class GenerationCancelled(RuntimeError):
 
 
 SEED_STRIDE = 7919  # seeds of the k-th sample: seed + k * stride (a prime, so they differ)
+MAX_BATCH = 8  # sequences decoded together at most (a request's n above it: several batches)
 
 
 @dataclass
@@ -55,6 +66,7 @@ class GenerationStats:
     prompt_eval_s: float = 0.0  # llama.cpp's own prefill time (tokens not served from cache)
     prompt_eval_tokens: int = 0
     constraint_s: float = 0.0  # xgrammar only: time in the matcher and the logits mask
+    batch_sizes: list[int] = field(default_factory=list)  # sequences per decoded batch
     per_completion: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -106,36 +118,58 @@ def use_extra_buffers(setting: str, cpuinfo: Path = CPUINFO) -> bool:
 _MODEL_PARAMS_LOCK = threading.Lock()
 
 
-def open_llama(model_path: Path | str, *, extra_buffers: bool, **kwargs: Any) -> Any:
-    """`llama_cpp.Llama(model_path, **kwargs)` with ggml's extra buffer types on or off.
+def open_llama(
+    model_path: Path | str, *, extra_buffers: bool, n_seq_max: int = 1, **kwargs: Any
+) -> Any:
+    """`llama_cpp.Llama(model_path, **kwargs)` with ggml's extra buffer types on or off, and
+    room for `n_seq_max` sequences in one unified KV cache.
 
-    llama-cpp-python builds its model parameters from `llama_model_default_params()` inside
-    `Llama.__init__` and has no argument for `use_extra_bufts`, so with extra buffers off
-    that function is wrapped for the duration of the load (under a lock; loads are rare).
-    The loaded model's parameters are checked, so a library that stops reading them fails
-    here instead of crashing on the first decode.
+    llama-cpp-python builds its model and context parameters from
+    `llama_model_default_params()` and `llama_context_default_params()` inside
+    `Llama.__init__` and has no argument for `use_extra_bufts`, `n_seq_max` or
+    `kv_unified`, so those functions are wrapped for the duration of the load (under a
+    lock; loads are rare). The KV cache is unified so that sequences share the prompt's
+    cells (`n_ctx` is then the total over all sequences). The loaded model's parameters
+    are checked, so a library that stops reading them fails here instead of crashing on
+    the first decode.
     """
     from llama_cpp import Llama
     from llama_cpp import llama_cpp as lib
 
-    if extra_buffers:
+    if extra_buffers and n_seq_max == 1:
         return Llama(model_path=str(model_path), **kwargs)
     with _MODEL_PARAMS_LOCK:
         default_params = lib.llama_model_default_params
+        default_context = lib.llama_context_default_params
 
         def params() -> Any:
             value = default_params()
-            value.use_extra_bufts = False
+            if not extra_buffers:
+                value.use_extra_bufts = False
+            return value
+
+        def context() -> Any:
+            value = default_context()
+            if n_seq_max > 1:
+                value.n_seq_max = n_seq_max
+                value.kv_unified = True
             return value
 
         lib.llama_model_default_params = params
+        lib.llama_context_default_params = context
         try:
             llm = Llama(model_path=str(model_path), **kwargs)
         finally:
             lib.llama_model_default_params = default_params
-    if llm.model_params.use_extra_bufts:
+            lib.llama_context_default_params = default_context
+    if (
+        llm.model_params.use_extra_bufts != extra_buffers
+        or lib.llama_n_seq_max(llm.ctx) < n_seq_max
+    ):
         llm.close()
-        raise RuntimeError("llama-cpp-python ignored use_extra_bufts=False; cannot load safely")
+        raise RuntimeError(
+            "llama-cpp-python ignored use_extra_bufts or n_seq_max; cannot load safely"
+        )
     return llm
 
 
@@ -148,6 +182,7 @@ class LlamaCppBackend:
         *,
         constrained: bool = True,
         cache_dir: Path | None = None,
+        max_batch: int = MAX_BATCH,
     ) -> None:
         self.settings = settings
         self.model = settings.model_path.name if settings.model_path else settings.model
@@ -156,6 +191,11 @@ class LlamaCppBackend:
         self.grammar_engine = settings.grammar_engine
         self.extra_buffers = use_extra_buffers(settings.extra_buffers)
         self._constraint: SchemaConstraint | None = None
+        # n > 1 samples decode as one batch of up to `max_batch` sequences (False: one
+        # after the other, the fallback and the benchmark's baseline).
+        self.batched = max_batch > 1
+        self.max_batch = max(1, max_batch)
+        self._formatter: Any = None
         self._cache_dir = cache_dir
         self._llm: Any = None
         self._async_lock = asyncio.Lock()
@@ -177,6 +217,7 @@ class LlamaCppBackend:
             except Exception:
                 await asyncio.to_thread(llm.close)
                 raise
+        self._formatter = chat_formatter(llm)
         self._llm = llm
         self.load_seconds = time.perf_counter() - started
         log.info(
@@ -200,7 +241,14 @@ class LlamaCppBackend:
         return open_llama(
             gguf,
             extra_buffers=self.extra_buffers,
-            n_ctx=self.settings.n_ctx,
+            n_seq_max=self.max_batch,
+            # The KV cache is shared by the batch's sequences: the prompt's cells once,
+            # each sequence's own completion on top.
+            n_ctx=self.settings.n_ctx + (self.max_batch - 1) * self.settings.max_tokens,
+            # Flash attention skips the KV cells masked out for a sequence, so a sequence's
+            # logits do not depend on how many other sequences share the cache; without
+            # it they do (see batch_decode).
+            flash_attn=self.max_batch > 1,
             n_threads=threads,
             n_threads_batch=threads,
             seed=self.settings.seed,
@@ -253,7 +301,112 @@ class LlamaCppBackend:
             self._grammars[key] = grammar
         return grammar
 
+    def can_batch(self, request: GenerationRequest) -> bool:
+        """Whether `request` decodes as a batch: n > 1, batching on, the model's own chat
+        template (the prompt is built as llama-cpp-python builds it) and xgrammar or no
+        grammar (the GBNF sampler is left to the sequential path)."""
+        return (
+            self.batched
+            and request.n > 1
+            and self._formatter is not None
+            and (not self.constrained or self.grammar_engine == "xgrammar")
+        )
+
     def _generate(self, request: GenerationRequest, cancel: threading.Event) -> Generation:
+        if self.can_batch(request):
+            return self._generate_batched(request, cancel)
+        return self._generate_sequential(request, cancel)
+
+    def _generate_batched(self, request: GenerationRequest, cancel: threading.Event) -> Generation:
+        """The n samples as batches of up to `max_batch` sequences (see `batch_decode`);
+        sample k has the seed the sequential path gives it."""
+        grammar = self.grammar(request.json_schema) if self.constrained else None
+        assert self._constraint is not None or grammar is None
+        stats = GenerationStats()
+        texts: list[str] = []
+        base_seed = request.seed if request.seed is not None else self.settings.seed
+        seeds = [base_seed + k * SEED_STRIDE for k in range(request.n)]
+        with self._thread_lock:
+            llm = self._llm
+            if llm is None:
+                raise RuntimeError("llama.cpp model was closed")
+            started = time.perf_counter()
+            prompt = chat_prompt(llm, self._formatter, request.messages)
+            for first in range(0, len(seeds), self.max_batch):
+                try:
+                    result = decode_batch(
+                        llm,
+                        prompt,
+                        seeds[first : first + self.max_batch],
+                        temperature=request.temperature,
+                        top_p=request.top_p,
+                        max_tokens=request.max_tokens,
+                        compiled_grammar=grammar,
+                        stop_tokens=self._stop_tokens(llm),
+                        cancel=cancel,
+                    )
+                except BatchCancelled:
+                    raise GenerationCancelled("generation cancelled") from None
+                except ConstraintError as exc:
+                    log.error(
+                        "constrained decoding failed",
+                        **{"error.type": "constraint_failed", "error.message": str(exc)},
+                    )
+                    raise
+                texts += result.texts
+                stats.prompt_tokens += result.prompt_tokens
+                stats.prompt_eval_tokens += result.prompt_tokens
+                stats.prompt_eval_s += result.prompt_eval_s
+                stats.completion_tokens += sum(result.completion_tokens)
+                stats.constraint_s += result.constraint_s
+                stats.batch_sizes.append(len(result.texts))
+                stats.per_completion += [
+                    {
+                        "wall_s": finished,
+                        "prompt_eval_s": result.prompt_eval_s,
+                        "completion_tokens": float(tokens),
+                        "finish_reason_length": float(reason == "length"),
+                    }
+                    for finished, tokens, reason in zip(
+                        result.finished_s,
+                        result.completion_tokens,
+                        result.finish_reasons,
+                        strict=True,
+                    )
+                ]
+            stats.wall_s = time.perf_counter() - started
+        return self._finish(request, stats, texts)
+
+    def _stop_tokens(self, llm: Any) -> list[int]:
+        if self._constraint is not None:
+            return self._constraint.stop_token_ids
+        from llama_cpp import llama_cpp as lib
+
+        vocab = lib.llama_model_get_vocab(llm.model)
+        return [t for t in range(llm.n_vocab()) if lib.llama_vocab_is_eog(vocab, t)]
+
+    def _finish(
+        self, request: GenerationRequest, stats: GenerationStats, texts: list[str]
+    ) -> Generation:
+        stats.completions = len(texts)
+        self.last_stats = stats
+        log.debug(
+            "llama.cpp generation",
+            n=request.n,
+            batch_sizes=stats.batch_sizes,
+            prompt_tokens=stats.prompt_tokens,
+            completion_tokens=stats.completion_tokens,
+            seconds=round(stats.wall_s, 3),
+        )
+        return Generation(
+            texts=texts,
+            prompt_tokens=stats.prompt_tokens,
+            completion_tokens=stats.completion_tokens,
+        )
+
+    def _generate_sequential(
+        self, request: GenerationRequest, cancel: threading.Event
+    ) -> Generation:
         from llama_cpp import llama_cpp as lib
 
         grammar = self.grammar(request.json_schema) if self.constrained else None
@@ -321,17 +474,5 @@ class LlamaCppBackend:
                     }
                 )
             stats.wall_s = time.perf_counter() - started
-        stats.completions = len(texts)
-        self.last_stats = stats
-        log.debug(
-            "llama.cpp generation",
-            n=request.n,
-            prompt_tokens=stats.prompt_tokens,
-            completion_tokens=stats.completion_tokens,
-            seconds=round(stats.wall_s, 3),
-        )
-        return Generation(
-            texts=texts,
-            prompt_tokens=stats.prompt_tokens,
-            completion_tokens=stats.completion_tokens,
-        )
+            stats.batch_sizes = [1] * len(texts)
+        return self._finish(request, stats, texts)
