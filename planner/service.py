@@ -8,7 +8,7 @@ import time
 import structlog
 from prometheus_client import Counter, Histogram
 
-from planner.backends.base import GenerationRequest, PlanBackend
+from planner.backends.base import GenerationRequest, PlanBackend, Usage
 from planner.prompting import build_messages
 from services.errors import NotReady, PlanInvalid, PlanningFailed
 from services.model_host import ModelHost
@@ -48,7 +48,10 @@ class PlannerService(ModelHost):
         errors: list[str] = []
         duplicates = 0
         weak: list[Plan] = []
+        usage = Usage()
+        attempts = 0
         for attempt in range(self.settings.max_attempts):
+            attempts = attempt + 1
             want = request.n - len(plans)
             gen_request = GenerationRequest(
                 messages=build_messages(request.question, tools, feedback),
@@ -64,6 +67,7 @@ class PlannerService(ModelHost):
             )
             with PLAN_LATENCY.time():
                 generation = await self.backend.generate(gen_request)
+            usage += generation.cost()
             for text in generation.texts:
                 try:
                     plan = parse_plan(text, names)
@@ -113,6 +117,15 @@ class PlannerService(ModelHost):
                 distinct=len(plans),
                 duplicates=duplicates,
             )
+        # The request's log line: what its generations cost, summed over attempts.
+        log.info(
+            "plans generated" if plans else "no valid plan",
+            requested=request.n,
+            plans=len(plans),
+            attempts=attempts,
+            **{"event.duration": int((time.perf_counter() - started) * 1e9)},
+            **usage.log_fields(),
+        )
         if not plans:
             raise PlanningFailed(
                 f"no valid plan after {self.settings.max_attempts} attempts; "

@@ -1,17 +1,24 @@
-"""Benchmark one plan request with n samples: decoded one after the other, and as a batch.
+"""Benchmark the llama.cpp planner's batch engine against one-sample-at-a-time decoding.
 
-For each question (a seeded sample of GSM8K train, few-shot items excluded) and each n,
-the same `GenerationRequest` (the service's prompt, schema, temperature, top_p, seed and
-max_tokens) goes through the llama.cpp backend twice: sequentially (`batched=False`, the
-old path) and as one batch (`batched=True`). The question's prompt is evaluated once
-first, so both find it in the KV cache and the figures compare decoding; prefill is
-reported apart. Each run prints one JSON object; the last line is a summary with the
-median wall time per n and mode, and how many batched completions were identical to the
-sequential completion with the same seed (see `planner/backends/batch_decode.py` for
-why they can differ).
+Two backends over the same model, loaded one after the other: `sequential`
+(`LlamaCppBackend(batching=False)`: one `create_chat_completion` per sample, one request
+at a time; the path before the engine) and `engine` (the default: `llamacpp_engine`). Each
+runs three phases on the same questions (a seeded sample of GSM8K train, few-shot items
+excluded), with the service's prompt, schema, temperature, top_p and max_tokens:
 
-    .venv/bin/python scripts/bench_planner_batch.py --model qwen2.5-coder-0.5b-instruct \
-        --questions 3 --n 1 2 5 8 --threads 1
+- `n`: one request with n samples, for each n; wall time, completion tokens, decode
+  tokens per second per sequence and in aggregate, prefill, grammar time per token;
+- `clients`: C requests of n = 1 (C different questions) sent at once, against the same
+  C sent one after another; plans per second both ways;
+- `prefill`: the first request after loading (nothing cached) and a second one with
+  another question; prompt tokens evaluated and prefill time of each.
+
+Each measurement is one JSON line on stdout and appended to `--out`; a rerun skips what
+`--out` already holds (same model, mode, phase, question and n), so a long run can be
+resumed. The last line is a summary computed from `--out`.
+
+    .venv/bin/python scripts/bench_planner_batch.py --model qwen2.5-coder-0.5b-instruct \\
+        --questions 2 --n 1 2 5 8 --clients 4 --out var/bench_planner_batch.jsonl
 """
 
 from __future__ import annotations
@@ -23,7 +30,6 @@ import os
 import platform
 import statistics
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,14 +38,16 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "scripts"))
 
-from bench_planner import is_valid, load_questions  # noqa: E402
+from bench_planner import is_valid, load_questions, rss_mib  # noqa: E402
 
-from planner.backends.base import GenerationRequest  # noqa: E402
+from planner.backends.base import Generation, GenerationRequest  # noqa: E402
 from planner.backends.llamacpp import LlamaCppBackend  # noqa: E402
 from planner.prompting import build_messages  # noqa: E402
 from services.schemas import plan_json_schema  # noqa: E402
 from services.settings import PlannerSettings  # noqa: E402
 from services.toolspecs import DEFAULT_TOOLS, tool_names  # noqa: E402
+
+MODES = ("sequential", "engine")
 
 
 def cpu_model() -> str:
@@ -49,125 +57,253 @@ def cpu_model() -> str:
     return platform.processor()
 
 
-def main(args: argparse.Namespace) -> None:
-    settings = PlannerSettings(
-        backend="llamacpp",
-        model=args.model,
-        n_threads=args.threads,
-        max_tokens=args.max_tokens,
-        seed=args.seed,
+def key(record: dict[str, Any]) -> tuple[Any, ...]:
+    return (
+        record["model"],
+        record["threads"],
+        record["mode"],
+        record["phase"],
+        record.get("question"),
+        record.get("n"),
     )
-    backend = LlamaCppBackend(settings, max_batch=max(args.n))
-    asyncio.run(backend.load())
-    schema = plan_json_schema(tool_names())
-    cancel = threading.Event()
-    runs: list[dict[str, Any]] = []
-    base = {
-        "benchmark": "planner_batch",
-        "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
-        "cpu": cpu_model(),
-        "cpus": len(os.sched_getaffinity(0)),
-        "model": args.model,
-        "threads": args.threads,
-        "temperature": args.temperature,
-    }
-    for item in load_questions(args.questions, args.seed):
-        messages = build_messages(item["question"], list(DEFAULT_TOOLS))
 
-        def request(
-            n: int, max_tokens: int = args.max_tokens, messages: list = messages
-        ) -> GenerationRequest:
-            return GenerationRequest(
-                messages=messages,
-                json_schema=schema,
-                n=n,
-                temperature=args.temperature,
-                top_p=settings.top_p,
-                max_tokens=max_tokens,
-                seed=args.seed,
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.args = args
+        self.out = Path(args.out)
+        self.out.parent.mkdir(parents=True, exist_ok=True)
+        self.done = {key(r) for r in self.records()}
+        self.schema = plan_json_schema(tool_names())
+        self.settings = PlannerSettings(
+            backend="llamacpp",
+            model=args.model,
+            n_threads=args.threads,
+            max_tokens=args.max_tokens,
+            seed=args.seed,
+            max_batch=max(max(args.n), args.clients),
+        )
+        self.questions = load_questions(args.questions + args.clients, args.seed)
+        self.base = {
+            "benchmark": "planner_batch",
+            "cpu": cpu_model(),
+            "cpus": len(os.sched_getaffinity(0)),
+            "model": args.model,
+            "threads": args.threads,
+            "temperature": args.temperature,
+        }
+
+    def records(self) -> list[dict[str, Any]]:
+        if not self.out.exists():
+            return []
+        return [json.loads(line) for line in self.out.read_text().splitlines() if line.strip()]
+
+    def request(self, question: str, n: int) -> GenerationRequest:
+        return GenerationRequest(
+            messages=build_messages(question, list(DEFAULT_TOOLS)),
+            json_schema=self.schema,
+            n=n,
+            temperature=self.args.temperature,
+            top_p=self.settings.top_p,
+            max_tokens=self.args.max_tokens,
+            seed=self.args.seed,
+        )
+
+    def emit(self, record: dict[str, Any]) -> None:
+        record = {
+            **self.base,
+            "date": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+            "loadavg_1m": round(os.getloadavg()[0], 2),
+            **record,
+        }
+        with self.out.open("a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.done.add(key(record))
+        print(json.dumps(record), flush=True)
+
+    def wanted(
+        self, mode: str, phase: str, question: str | None = None, n: int | None = None
+    ) -> bool:
+        record = {**self.base, "mode": mode, "phase": phase, "question": question, "n": n}
+        return key(record) not in self.done
+
+    async def run(self, mode: str) -> None:
+        phases = self.args.phases
+        todo = (
+            ("prefill" in phases and self.wanted(mode, "prefill"))
+            or ("clients" in phases and self.wanted(mode, "clients", n=self.args.clients))
+            or any(
+                self.wanted(mode, "n", item["id"], n)
+                for item in self.questions[: self.args.questions]
+                for n in self.args.n
             )
+        )
+        if not todo:
+            return
+        rss_before = rss_mib()
+        backend = LlamaCppBackend(self.settings, batching=mode == "engine")
+        await backend.load()
+        loaded = {
+            "rss_loaded_mib": round(rss_mib(), 1),
+            "rss_before_load_mib": round(rss_before, 1),
+        }
+        try:
+            if "prefill" in phases and self.wanted(mode, "prefill"):
+                await self.prefill(backend, mode, loaded)
+            if "n" in phases:
+                await self.samples(backend, mode, loaded)
+            if "clients" in phases and self.wanted(mode, "clients", n=self.args.clients):
+                await self.clients(backend, mode, loaded)
+        finally:
+            await backend.close()
 
-        backend.batched = False
-        backend._generate(request(1, 1), cancel)  # the prompt into the KV cache
-        prefill = backend.last_stats
-        for n in args.n:
-            texts: dict[str, list[str]] = {}
-            for mode in ("sequential", "batched"):
-                backend.batched = mode == "batched"
-                load = os.getloadavg()[0]
-                started = time.perf_counter()
-                generation = backend._generate(request(n), cancel)
-                wall = time.perf_counter() - started
-                stats = backend.last_stats
-                texts[mode] = generation.texts
-                run = {
-                    **base,
+    async def prefill(self, backend: Any, mode: str, loaded: dict[str, Any]) -> None:
+        first, second = self.questions[0], self.questions[1]
+        figures = []
+        for item in (first, second):
+            started = time.perf_counter()
+            generation = await backend.generate(self.request(item["question"], 1))
+            stats = backend.last_stats
+            figures.append(
+                {
                     "question": item["id"],
-                    "prompt_tokens": prefill.prompt_eval_tokens,
-                    "prompt_prefill_s": round(prefill.prompt_eval_s, 2),
-                    "n": n,
-                    "mode": mode,
-                    "wall_s": round(wall, 2),
-                    "completion_tokens": stats.completion_tokens,
-                    "aggregate_tok_s": round(stats.completion_tokens / wall, 2),
-                    "batch_sizes": stats.batch_sizes,
-                    "constraint_ms_per_token": round(
-                        1000 * stats.constraint_s / max(stats.completion_tokens, 1), 3
-                    ),
-                    "valid": sum(is_valid(t) for t in generation.texts),
-                    "distinct": len(set(generation.texts)),
-                    "loadavg_1m": round(load, 2),
+                    "wall_s": round(time.perf_counter() - started, 2),
+                    "prompt_tokens": generation.usage.prompt_tokens,
+                    "prompt_eval_tokens": stats.prompt_eval_tokens,
+                    "prefix_cached_tokens": generation.usage.prefix_cached_tokens,
+                    "prefill_s": round(stats.prompt_eval_s, 3),
                 }
-                if mode == "batched":
-                    same = [
-                        a == b for a, b in zip(texts["sequential"], texts["batched"], strict=True)
-                    ]
-                    run["identical_to_sequential"] = sum(same)
-                    # The first differing character of each sequence that diverged.
-                    run["first_difference_at_char"] = [
-                        next(
-                            (i for i, (x, y) in enumerate(zip(a, b, strict=False)) if x != y),
-                            min(len(a), len(b)),
-                        )
-                        for a, b, ok in zip(
-                            texts["sequential"], texts["batched"], same, strict=True
-                        )
-                        if not ok
-                    ]
-                runs.append(run)
-                print(json.dumps(run), flush=True)
-    asyncio.run(backend.close())
-    summary: dict[str, Any] = {
-        **base,
-        "benchmark": "planner_batch_summary",
-        "questions": args.questions,
-    }
-    for n in args.n:
-        for mode in ("sequential", "batched"):
-            walls = [r["wall_s"] for r in runs if r["n"] == n and r["mode"] == mode]
-            summary[f"median_wall_s_n{n}_{mode}"] = round(statistics.median(walls), 2)
-        same = [
-            r["identical_to_sequential"] for r in runs if r["n"] == n and r["mode"] == "batched"
+            )
+        self.emit(
+            {"mode": mode, "phase": "prefill", "cold": figures[0], "warm": figures[1], **loaded}
+        )
+
+    async def samples(self, backend: Any, mode: str, loaded: dict[str, Any]) -> None:
+        for item in self.questions[: self.args.questions]:
+            # The question's prompt once first, so every n finds the same cache.
+            await backend.generate(self.request(item["question"], 1))
+            for n in self.args.n:
+                if not self.wanted(mode, "n", item["id"], n):
+                    continue
+                started = time.perf_counter()
+                generation = await backend.generate(self.request(item["question"], n))
+                wall = time.perf_counter() - started
+                self.emit(
+                    {
+                        "mode": mode,
+                        "phase": "n",
+                        "question": item["id"],
+                        "n": n,
+                        "wall_s": round(wall, 2),
+                    }
+                    | self.figures(backend, generation, wall)
+                    | {"rss_mib": round(rss_mib(), 1), "rss_peak_mib": round(rss_mib("VmHWM"), 1)}
+                    | loaded
+                )
+
+    def figures(self, backend: Any, generation: Generation, wall: float) -> dict[str, Any]:
+        stats = backend.last_stats
+        usage = generation.usage
+        tokens = stats.completion_tokens
+        decode_s = max(wall - stats.prompt_eval_s, 1e-9)
+        per_seq = [c["completion_tokens"] for c in stats.per_completion]
+        return {
+            "completion_tokens": tokens,
+            "prompt_eval_tokens": stats.prompt_eval_tokens,
+            "prefill_s": round(stats.prompt_eval_s, 3),
+            "decode_tok_s_aggregate": round(tokens / decode_s, 2),
+            # Each sequence's tokens over the time the request decoded.
+            "decode_tok_s_per_sequence": round(statistics.mean(per_seq) / decode_s, 2)
+            if per_seq
+            else 0.0,
+            "constraint_ms_per_token": round(1000 * stats.constraint_s / max(tokens, 1), 3),
+            "batch_size_max": usage.batch_size_max if usage else 1,
+            "valid": sum(is_valid(t) for t in generation.texts),
+            "distinct": len(set(generation.texts)),
+        }
+
+    async def clients(self, backend: Any, mode: str, loaded: dict[str, Any]) -> None:
+        c = self.args.clients
+        items = self.questions[-c:]
+        await backend.generate(self.request(items[0]["question"], 1))  # warm the prefix
+        started = time.perf_counter()
+        for item in items:
+            await backend.generate(self.request(item["question"], 1))
+        one_by_one = time.perf_counter() - started
+        started = time.perf_counter()
+        generations = await asyncio.gather(
+            *(backend.generate(self.request(item["question"], 1)) for item in items)
+        )
+        together = time.perf_counter() - started
+        self.emit(
+            {
+                "mode": mode,
+                "phase": "clients",
+                "n": c,
+                "one_client_s": round(one_by_one, 2),
+                "concurrent_s": round(together, 2),
+                "plans_per_s_one_client": round(c / one_by_one, 4),
+                "plans_per_s_concurrent": round(c / together, 4),
+                "speedup": round(one_by_one / together, 2),
+                "completion_tokens": sum(g.completion_tokens for g in generations),
+                "batch_size_max": max(
+                    (g.usage.batch_size_max if g.usage else 1) for g in generations
+                ),
+                **loaded,
+            }
+        )
+
+    def summary(self) -> dict[str, Any]:
+        mine = [
+            r
+            for r in self.records()
+            if r["model"] == self.args.model and r["threads"] == self.args.threads
         ]
-        summary[f"identical_n{n}"] = f"{sum(same)}/{n * len(same)}"
-    one = summary.get("median_wall_s_n1_sequential")
-    for n in args.n:
-        for mode in ("sequential", "batched"):
-            key = f"median_wall_s_n{n}_{mode}"
-            if one:
-                summary[f"x_n1_n{n}_{mode}"] = round(summary[key] / one, 2)
-    print(json.dumps(summary), flush=True)
+        out: dict[str, Any] = {**self.base, "benchmark": "planner_batch_summary"}
+        for mode in MODES:
+            for n in self.args.n:
+                walls = [
+                    r["wall_s"]
+                    for r in mine
+                    if r["phase"] == "n" and r["mode"] == mode and r["n"] == n
+                ]
+                if walls:
+                    out[f"{mode}_median_wall_s_n{n}"] = round(statistics.median(walls), 2)
+            one = out.get(f"{mode}_median_wall_s_n1")
+            for n in self.args.n:
+                if one and f"{mode}_median_wall_s_n{n}" in out:
+                    out[f"{mode}_x_n1_n{n}"] = round(out[f"{mode}_median_wall_s_n{n}"] / one, 2)
+            for r in mine:
+                if r["phase"] == "clients" and r["mode"] == mode:
+                    out[f"{mode}_clients_speedup"] = r["speedup"]
+        return out
+
+
+def main(args: argparse.Namespace) -> None:
+    bench = Bench(args)
+    for mode in args.modes:
+        asyncio.run(bench.run(mode))
+    print(json.dumps(bench.summary()), flush=True)
 
 
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-0.5b-instruct")
-    parser.add_argument("--questions", type=int, default=3)
+    parser.add_argument("--questions", type=int, default=2)
     parser.add_argument("--n", type=int, nargs="+", default=[1, 2, 5, 8])
+    parser.add_argument("--clients", type=int, default=4)
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument(
+        "--phases",
+        nargs="+",
+        choices=("prefill", "n", "clients"),
+        default=["prefill", "n", "clients"],
+    )
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--temperature", type=float, default=0.3, help="the service default")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--out", default="var/bench_planner_batch.jsonl")
     return parser.parse_args(argv)
 
 

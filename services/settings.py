@@ -94,6 +94,13 @@ class PlannerSettings(CommonSettings):
     # (ggml-org/llama.cpp#20824, seen with llama-cpp-python 0.3.36 on a Sapphire Rapids
     # Xeon); `on` and `off` force it.
     extra_buffers: Literal["auto", "on", "off"] = "auto"
+    # llama.cpp only: sequences decoded together (the n samples of every request in
+    # flight; a request joins the running batch between two tokens). 1 decodes one
+    # sequence at a time, still through the prefix cache.
+    max_batch: int = Field(default=8, ge=1, le=64)
+    # llama.cpp only: requests waiting for room in the batch; past it, 503 overloaded
+    # with Retry-After.
+    max_queued: int = Field(default=32, ge=0, le=4096)
     # vLLM (production: AWQ Phi-3.5-mini on one GPU)
     quantization: str | None = "awq"
     dtype: str = "auto"

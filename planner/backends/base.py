@@ -23,10 +23,60 @@ class GenerationRequest:
 
 
 @dataclass
+class Usage:
+    """What one generation cost, for the planner's log line (backends that know more than
+    the token counts fill the rest)."""
+
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    prefix_cached_tokens: int = 0  # prompt tokens served from the prefix cache
+    prompt_eval_tokens: int = 0  # prompt tokens evaluated
+    queue_s: float = 0.0  # waiting for room in the running batch
+    prefill_s: float = 0.0
+    decode_s: float = 0.0
+    constraint_s: float = 0.0  # in the grammar engine
+    batch_size_max: int = 0  # most sequences decoded together while this one decoded
+
+    def __add__(self, other: Usage) -> Usage:
+        return Usage(
+            prompt_tokens=self.prompt_tokens + other.prompt_tokens,
+            completion_tokens=self.completion_tokens + other.completion_tokens,
+            prefix_cached_tokens=self.prefix_cached_tokens + other.prefix_cached_tokens,
+            prompt_eval_tokens=self.prompt_eval_tokens + other.prompt_eval_tokens,
+            queue_s=self.queue_s + other.queue_s,
+            prefill_s=self.prefill_s + other.prefill_s,
+            decode_s=self.decode_s + other.decode_s,
+            constraint_s=self.constraint_s + other.constraint_s,
+            batch_size_max=max(self.batch_size_max, other.batch_size_max),
+        )
+
+    def log_fields(self) -> dict[str, Any]:
+        """As log fields: OpenTelemetry's gen_ai names for the usage, `planner.*` for the
+        rest."""
+        return {
+            "gen_ai.usage.input_tokens": self.prompt_tokens,
+            "gen_ai.usage.output_tokens": self.completion_tokens,
+            "planner.prefix_cached_tokens": self.prefix_cached_tokens,
+            "planner.prompt_eval_tokens": self.prompt_eval_tokens,
+            "planner.queue_s": round(self.queue_s, 4),
+            "planner.prefill_s": round(self.prefill_s, 4),
+            "planner.decode_s": round(self.decode_s, 4),
+            "planner.constraint_s": round(self.constraint_s, 4),
+            "planner.batch_size_max": self.batch_size_max,
+        }
+
+
+@dataclass
 class Generation:
     texts: list[str]
     prompt_tokens: int = 0
     completion_tokens: int = 0
+    usage: Usage | None = None  # None: the backend reports only the token counts
+
+    def cost(self) -> Usage:
+        return self.usage or Usage(
+            prompt_tokens=self.prompt_tokens, completion_tokens=self.completion_tokens
+        )
 
 
 class PlanBackend(Protocol):

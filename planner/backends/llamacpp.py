@@ -9,15 +9,16 @@ whole vocabulary at every token and is markedly slower on this CPU
 llama-cpp-python's `response_format` path silently falls back to unconstrained JSON when a
 schema fails to compile, and a silent fallback is exactly what must not happen.
 
-One model context serves one generation at a time. Generation runs in a worker thread so
-the event loop stays free; requests queue on an asyncio lock, and a threading lock guards
-the context itself in case a cancelled request's thread is still finishing. The n
-completions of one request (distinct seeds: seed + k * SEED_STRIDE) decode as one batch:
-the prompt is evaluated once, its KV cells are shared by n sequences, and all of them
-advance together in one `llama_decode` per token, each with its own sampler and xgrammar
-matcher (`batch_decode`). n = 1, the GBNF engine and a model without its own chat template
-take the sequential path: one `create_chat_completion` per sample, sharing the prompt's
-KV cache through llama-cpp-python's prefix match.
+Generation runs off the event loop. With the model's own chat template and the xgrammar
+engine (the default), one `BatchEngine` thread owns the context (`llamacpp_engine`): the
+samples of every request in flight decode together, one `llama_decode` per token, each
+with its own seed (seed + k * SEED_STRIDE), sampler and xgrammar matcher; a request that
+arrives mid-decode joins the batch between two tokens, up to `PLANNER_MAX_BATCH`
+sequences, and waits in a bounded queue beyond it (`PLANNER_MAX_QUEUED`; then 503 with
+Retry-After); the prompt prefix (system prompt, tools, few-shot) is evaluated once and
+shared. The GBNF engine and a model without its own chat template take the sequential
+path: one `create_chat_completion` per sample, one request at a time (an asyncio lock),
+sharing the prompt's KV cache through llama-cpp-python's prefix match.
 """
 
 from __future__ import annotations
@@ -33,15 +34,17 @@ from typing import Any
 
 import structlog
 
-from planner.backends.base import Generation, GenerationRequest
-from planner.backends.batch_decode import (
-    BatchCancelled,
+from planner.backends.base import Generation, GenerationRequest, Usage
+from planner.backends.llamacpp_engine import (
+    BatchEngine,
+    Job,
+    JobCancelled,
+    JobResult,
     chat_formatter,
-    chat_prompt,
-    decode_batch,
 )
 from planner.backends.schema_constraint import ConstraintError, SchemaConstraint
 from services.catalog import resolve_gguf
+from services.errors import InvalidRequest
 from services.settings import PlannerSettings
 
 log = structlog.get_logger(__name__)
@@ -52,7 +55,6 @@ class GenerationCancelled(RuntimeError):
 
 
 SEED_STRIDE = 7919  # seeds of the k-th sample: seed + k * stride (a prime, so they differ)
-MAX_BATCH = 8  # sequences decoded together at most (a request's n above it: several batches)
 
 
 @dataclass
@@ -66,7 +68,7 @@ class GenerationStats:
     prompt_eval_s: float = 0.0  # llama.cpp's own prefill time (tokens not served from cache)
     prompt_eval_tokens: int = 0
     constraint_s: float = 0.0  # xgrammar only: time in the matcher and the logits mask
-    batch_sizes: list[int] = field(default_factory=list)  # sequences per decoded batch
+    batch_sizes: list[int] = field(default_factory=list)  # sequences per engine job
     per_completion: list[dict[str, float]] = field(default_factory=list)
 
     @property
@@ -182,7 +184,7 @@ class LlamaCppBackend:
         *,
         constrained: bool = True,
         cache_dir: Path | None = None,
-        max_batch: int = MAX_BATCH,
+        batching: bool = True,
     ) -> None:
         self.settings = settings
         self.model = settings.model_path.name if settings.model_path else settings.model
@@ -191,11 +193,11 @@ class LlamaCppBackend:
         self.grammar_engine = settings.grammar_engine
         self.extra_buffers = use_extra_buffers(settings.extra_buffers)
         self._constraint: SchemaConstraint | None = None
-        # n > 1 samples decode as one batch of up to `max_batch` sequences (False: one
-        # after the other, the fallback and the benchmark's baseline).
-        self.batched = max_batch > 1
-        self.max_batch = max(1, max_batch)
-        self._formatter: Any = None
+        # False: every sample through `create_chat_completion`, one after the other (the
+        # benchmark's baseline, and the path of the GBNF engine).
+        self.batching = batching and (not constrained or self.grammar_engine == "xgrammar")
+        self.max_batch = settings.max_batch
+        self._engine: BatchEngine | None = None
         self._cache_dir = cache_dir
         self._llm: Any = None
         self._async_lock = asyncio.Lock()
@@ -217,7 +219,22 @@ class LlamaCppBackend:
             except Exception:
                 await asyncio.to_thread(llm.close)
                 raise
-        self._formatter = chat_formatter(llm)
+        formatter = chat_formatter(llm) if self.batching else None
+        if formatter is not None:
+            self._engine = BatchEngine(
+                llm,
+                formatter,
+                stop_tokens=self._stop_tokens(llm),
+                max_batch=self.max_batch,
+                max_queued=self.settings.max_queued,
+                prompt_limit=self.settings.n_ctx,
+                model_name=self.model,
+            )
+        elif self.batching:
+            log.warning(
+                "the model has no chat template of its own: samples decode one at a time",
+                model=self.model,
+            )
         self._llm = llm
         self.load_seconds = time.perf_counter() - started
         log.info(
@@ -227,6 +244,7 @@ class LlamaCppBackend:
             n_ctx=self.settings.n_ctx,
             grammar_engine=self.grammar_engine,
             extra_buffers=self.extra_buffers,
+            max_batch=self.max_batch if self._engine else 1,
             seconds=round(self.load_seconds, 2),
         )
 
@@ -238,17 +256,22 @@ class LlamaCppBackend:
                 f"the llamacpp backend needs llama-cpp-python: pip install -e '.[llamacpp]' ({exc})"
             ) from None
         threads = self.settings.n_threads or default_threads()
+        batch = self.max_batch if self.batching else 1
         return open_llama(
             gguf,
             extra_buffers=self.extra_buffers,
-            n_seq_max=self.max_batch,
-            # The KV cache is shared by the batch's sequences: the prompt's cells once,
-            # each sequence's own completion on top.
-            n_ctx=self.settings.n_ctx + (self.max_batch - 1) * self.settings.max_tokens,
-            # Flash attention skips the KV cells masked out for a sequence, so a sequence's
-            # logits do not depend on how many other sequences share the cache; without
-            # it they do (see batch_decode).
-            flash_attn=self.max_batch > 1,
+            # Sequence 0 holds the prompt prefix, 1..max_batch the samples.
+            n_seq_max=batch + 1 if self.batching else 1,
+            # The KV cache is unified: the prefix's cells once, each request's question
+            # once, each sample's completion on top; one prefill chunk of slack.
+            n_ctx=self.settings.n_ctx + (batch - 1) * self.settings.max_tokens + 512
+            if self.batching
+            else self.settings.n_ctx,
+            n_batch=512,
+            # Flash attention skips the KV cells of other sequences, so a sequence's
+            # logits do not depend on what else is in the cache; without it they do
+            # (see llamacpp_engine).
+            flash_attn=self.batching,
             n_threads=threads,
             n_threads_batch=threads,
             seed=self.settings.seed,
@@ -258,6 +281,9 @@ class LlamaCppBackend:
     async def close(self) -> None:
         for cancel in list(self._active):  # stop a running generation first
             cancel.set()
+        engine, self._engine = self._engine, None
+        if engine is not None:
+            await asyncio.to_thread(engine.close)
         async with self._async_lock:
             llm, self._llm = self._llm, None
             if llm is not None:
@@ -267,14 +293,20 @@ class LlamaCppBackend:
         with self._thread_lock:
             llm.close()
 
+    @property
+    def engine(self) -> BatchEngine | None:
+        return self._engine
+
     async def generate(self, request: GenerationRequest) -> Generation:
         if self._llm is None:
             raise RuntimeError("llama.cpp model is not loaded")
+        if self._engine is not None:
+            return await self._generate_batched(self._engine, request)
         async with self._async_lock:
             cancel = threading.Event()
             self._active.add(cancel)
             try:
-                return await asyncio.to_thread(self._generate, request, cancel)
+                return await asyncio.to_thread(self._generate_sequential, request, cancel)
             finally:
                 # A cancelled request (its caller gone or its deadline passed) stops the
                 # generation at the next token instead of holding the model to the end.
@@ -301,81 +333,83 @@ class LlamaCppBackend:
             self._grammars[key] = grammar
         return grammar
 
-    def can_batch(self, request: GenerationRequest) -> bool:
-        """Whether `request` decodes as a batch: n > 1, batching on, the model's own chat
-        template (the prompt is built as llama-cpp-python builds it) and xgrammar or no
-        grammar (the GBNF sampler is left to the sequential path)."""
-        return (
-            self.batched
-            and request.n > 1
-            and self._formatter is not None
-            and (not self.constrained or self.grammar_engine == "xgrammar")
-        )
-
-    def _generate(self, request: GenerationRequest, cancel: threading.Event) -> Generation:
-        if self.can_batch(request):
-            return self._generate_batched(request, cancel)
-        return self._generate_sequential(request, cancel)
-
-    def _generate_batched(self, request: GenerationRequest, cancel: threading.Event) -> Generation:
-        """The n samples as batches of up to `max_batch` sequences (see `batch_decode`);
+    async def _generate_batched(
+        self, engine: BatchEngine, request: GenerationRequest
+    ) -> Generation:
+        """The n samples as jobs of up to `max_batch` sequences in the shared engine;
         sample k has the seed the sequential path gives it."""
         grammar = self.grammar(request.json_schema) if self.constrained else None
-        assert self._constraint is not None or grammar is None
-        stats = GenerationStats()
-        texts: list[str] = []
         base_seed = request.seed if request.seed is not None else self.settings.seed
         seeds = [base_seed + k * SEED_STRIDE for k in range(request.n)]
-        with self._thread_lock:
-            llm = self._llm
-            if llm is None:
-                raise RuntimeError("llama.cpp model was closed")
-            started = time.perf_counter()
-            prompt = chat_prompt(llm, self._formatter, request.messages)
-            for first in range(0, len(seeds), self.max_batch):
-                try:
-                    result = decode_batch(
-                        llm,
-                        prompt,
-                        seeds[first : first + self.max_batch],
-                        temperature=request.temperature,
-                        top_p=request.top_p,
-                        max_tokens=request.max_tokens,
-                        compiled_grammar=grammar,
-                        stop_tokens=self._stop_tokens(llm),
-                        cancel=cancel,
-                    )
-                except BatchCancelled:
-                    raise GenerationCancelled("generation cancelled") from None
-                except ConstraintError as exc:
-                    log.error(
-                        "constrained decoding failed",
-                        **{"error.type": "constraint_failed", "error.message": str(exc)},
-                    )
-                    raise
-                texts += result.texts
-                stats.prompt_tokens += result.prompt_tokens
-                stats.prompt_eval_tokens += result.prompt_tokens
-                stats.prompt_eval_s += result.prompt_eval_s
-                stats.completion_tokens += sum(result.completion_tokens)
-                stats.constraint_s += result.constraint_s
-                stats.batch_sizes.append(len(result.texts))
-                stats.per_completion += [
-                    {
-                        "wall_s": finished,
-                        "prompt_eval_s": result.prompt_eval_s,
-                        "completion_tokens": float(tokens),
-                        "finish_reason_length": float(reason == "length"),
-                    }
-                    for finished, tokens, reason in zip(
-                        result.finished_s,
-                        result.completion_tokens,
-                        result.finish_reasons,
-                        strict=True,
-                    )
-                ]
-            stats.wall_s = time.perf_counter() - started
-        return self._finish(request, stats, texts)
+        loop = asyncio.get_running_loop()
+        started = time.perf_counter()
+        jobs: list[Job] = []
+        futures: list[asyncio.Future[JobResult]] = []
+        for first in range(0, len(seeds), self.max_batch):
+            future: asyncio.Future[JobResult] = loop.create_future()
+
+            def done(outcome: JobResult | BaseException, future: Any = future) -> None:
+                loop.call_soon_threadsafe(_settle, future, outcome)
+
+            jobs.append(
+                Job(
+                    messages=request.messages,
+                    seeds=seeds[first : first + self.max_batch],
+                    temperature=request.temperature,
+                    top_p=request.top_p,
+                    max_tokens=request.max_tokens,
+                    grammar=grammar,
+                    done=done,
+                )
+            )
+            futures.append(future)
+        try:
+            for job in jobs:
+                engine.submit(job)  # raises Overloaded when the queue is full
+            results = await asyncio.gather(*futures)
+        except JobCancelled:
+            raise GenerationCancelled("generation cancelled") from None
+        except ValueError as exc:  # the prompt does not fit the context
+            raise InvalidRequest(str(exc)) from None
+        except ConstraintError as exc:
+            log.error(
+                "constrained decoding failed",
+                **{"error.type": "constraint_failed", "error.message": str(exc)},
+            )
+            raise
+        finally:
+            # Cancelled, overloaded or failed: the request's other jobs stop within a
+            # token and leave the batch to the other requests.
+            for job in jobs:
+                job.cancel.set()
+            engine.wake()
+            for future in futures:
+                if not future.done():
+                    future.cancel()
+                elif not future.cancelled():
+                    future.exception()  # retrieved: one error is reported, not each
+        stats = GenerationStats(wall_s=time.perf_counter() - started)
+        usage = Usage()
+        texts: list[str] = []
+        for result in results:
+            texts += result.texts
+            usage += result.usage()
+            stats.prompt_tokens += result.prompt_tokens
+            stats.prompt_eval_tokens += result.prompt_eval_tokens
+            stats.prompt_eval_s += result.prefill_s
+            stats.completion_tokens += sum(result.completion_tokens)
+            stats.constraint_s += result.constraint_s
+            stats.batch_sizes.append(len(result.texts))
+            stats.per_completion += [
+                {
+                    "completion_tokens": float(tokens),
+                    "finish_reason_length": float(reason == "length"),
+                }
+                for tokens, reason in zip(
+                    result.completion_tokens, result.finish_reasons, strict=True
+                )
+            ]
+        return self._finish(request, stats, texts, usage)
 
     def _stop_tokens(self, llm: Any) -> list[int]:
         if self._constraint is not None:
@@ -386,22 +420,29 @@ class LlamaCppBackend:
         return [t for t in range(llm.n_vocab()) if lib.llama_vocab_is_eog(vocab, t)]
 
     def _finish(
-        self, request: GenerationRequest, stats: GenerationStats, texts: list[str]
+        self,
+        request: GenerationRequest,
+        stats: GenerationStats,
+        texts: list[str],
+        usage: Usage | None = None,
     ) -> Generation:
         stats.completions = len(texts)
         self.last_stats = stats
-        log.debug(
-            "llama.cpp generation",
-            n=request.n,
-            batch_sizes=stats.batch_sizes,
-            prompt_tokens=stats.prompt_tokens,
-            completion_tokens=stats.completion_tokens,
-            seconds=round(stats.wall_s, 3),
-        )
+        if usage is None:  # the sequential path: llama.cpp's own counters
+            usage = Usage(
+                prompt_tokens=stats.prompt_tokens,
+                completion_tokens=stats.completion_tokens,
+                prompt_eval_tokens=stats.prompt_eval_tokens,
+                prefill_s=stats.prompt_eval_s,
+                decode_s=stats.wall_s - stats.prompt_eval_s,
+                constraint_s=stats.constraint_s,
+                batch_size_max=1,
+            )
         return Generation(
             texts=texts,
             prompt_tokens=stats.prompt_tokens,
             completion_tokens=stats.completion_tokens,
+            usage=usage,
         )
 
     def _generate_sequential(
@@ -476,3 +517,13 @@ class LlamaCppBackend:
             stats.wall_s = time.perf_counter() - started
             stats.batch_sizes = [1] * len(texts)
         return self._finish(request, stats, texts)
+
+
+def _settle(future: asyncio.Future[Any], outcome: Any) -> None:
+    """Resolve a job's future on the event loop (unless its request already gave up)."""
+    if future.done():
+        return
+    if isinstance(outcome, BaseException):
+        future.set_exception(outcome)
+    else:
+        future.set_result(outcome)

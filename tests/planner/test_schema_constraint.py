@@ -249,7 +249,8 @@ def test_backend_fails_and_logs_a_completion_whose_constraint_failed(
     from services.settings import PlannerSettings
 
     backend = LlamaCppBackend(
-        PlannerSettings(backend="llamacpp", model="smollm2-135m-instruct", n_ctx=512, n_threads=1)
+        PlannerSettings(backend="llamacpp", model="smollm2-135m-instruct", n_ctx=512, n_threads=1),
+        batching=False,  # the sequential path, where the processor runs
     )
     # 50 integers: far more tokens than the failure below allows.
     schema = {"type": "array", "items": {"type": "integer"}, "minItems": 50, "maxItems": 50}
@@ -293,3 +294,73 @@ def test_backend_fails_and_logs_a_completion_whose_constraint_failed(
     failures = [e for e in logs if e["event"] == "constrained decoding failed"]
     assert failures and "matcher state lost" in failures[0]["error.message"]
     assert len(failures) == 1
+
+
+def test_batch_engine_fails_only_the_job_whose_matcher_failed(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In the batch engine a matcher that fails mid-way ends its own request with
+    `constraint_failed` (503), logged once; a request decoding beside it goes on."""
+    import asyncio
+
+    import xgrammar
+    from structlog.testing import capture_logs
+
+    from planner.backends.base import GenerationRequest
+    from planner.backends.llamacpp import LlamaCppBackend
+    from planner.backends.schema_constraint import ConstraintError
+    from services.settings import PlannerSettings
+
+    backend = LlamaCppBackend(
+        PlannerSettings(backend="llamacpp", model="smollm2-135m-instruct", n_ctx=512, n_threads=1)
+    )
+    numbers = {"type": "array", "items": {"type": "integer"}, "minItems": 50, "maxItems": 50}
+    doomed = GenerationRequest(
+        messages=[{"role": "user", "content": "List fifty numbers."}],
+        json_schema=numbers,
+        max_tokens=300,
+    )
+    healthy = GenerationRequest(
+        messages=[{"role": "user", "content": "Say yes."}],
+        json_schema={"type": "string", "enum": ["yes"]},
+        max_tokens=20,
+    )
+    real = xgrammar.GrammarMatcher
+    made: list[object] = []
+
+    class FailingMatcher:
+        """The first matcher made (the doomed request is admitted first) fails."""
+
+        def __init__(self, compiled: Any) -> None:
+            self._inner = real(compiled)
+            self._fail = not made
+            made.append(self)
+            self._accepted = 0
+
+        def fill_next_token_bitmask(self, bitmask: Any, index: int = 0) -> Any:
+            return self._inner.fill_next_token_bitmask(bitmask, index)
+
+        def accept_token(self, token: int) -> bool:
+            self._accepted += 1
+            if self._fail and self._accepted > 3:
+                raise RuntimeError("matcher state lost")
+            return bool(self._inner.accept_token(token))
+
+    async def scenario() -> tuple[BaseException | Any, Any]:
+        await backend.load()
+        try:
+            monkeypatch.setattr(xgrammar, "GrammarMatcher", FailingMatcher)
+            failed, ok = await asyncio.gather(
+                backend.generate(doomed), backend.generate(healthy), return_exceptions=True
+            )
+            return failed, ok
+        finally:
+            await backend.close()
+
+    with capture_logs() as logs:
+        failed, ok = asyncio.run(scenario())
+    assert isinstance(failed, ConstraintError)
+    assert failed.status_code == 503 and "matcher state lost" in failed.message
+    assert not isinstance(ok, BaseException) and ok.texts == ['"yes"']
+    failures = [e for e in logs if e["event"] == "constrained decoding failed"]
+    assert len(failures) == 1 and "matcher state lost" in failures[0]["error.message"]

@@ -305,3 +305,54 @@ def test_few_shot_examples_are_valid_plans_from_gsm8k_train() -> None:
         check_plan(Plan.model_validate(example["plan"]), tool_names())
         assert example["question"] in train_questions
         assert example["question"] not in test_questions
+
+
+async def test_the_request_log_line_carries_what_its_generations_cost() -> None:
+    """One line per /plan with the usage summed over attempts (here a retry)."""
+    from structlog.testing import capture_logs
+
+    from planner.backends.base import Usage
+
+    class CostedBackend(SequenceBackend):
+        async def generate(self, request: GenerationRequest) -> Generation:
+            generation = await super().generate(request)
+            generation.usage = Usage(
+                prompt_tokens=100,
+                completion_tokens=40,
+                prefix_cached_tokens=80,
+                prompt_eval_tokens=20,
+                queue_s=0.5,
+                prefill_s=0.25,
+                decode_s=2.0,
+                batch_size_max=len(self.requests) + 1,
+            )
+            return generation
+
+    backend = CostedBackend([["not json"], [json.dumps(plan())]])
+    service = await ready_service(backend)
+    with capture_logs() as logs:
+        await service.plan(PlanRequest(question="What is 1 + 1?"))
+    [line] = [e for e in logs if e["event"] == "plans generated"]
+    assert line["attempts"] == 2 and line["plans"] == 1 and line["requested"] == 1
+    assert line["gen_ai.usage.input_tokens"] == 200
+    assert line["gen_ai.usage.output_tokens"] == 80
+    assert line["planner.prefix_cached_tokens"] == 160
+    assert line["planner.prompt_eval_tokens"] == 40
+    assert line["planner.queue_s"] == 1.0 and line["planner.decode_s"] == 4.0
+    assert line["planner.batch_size_max"] == 3  # the most over the attempts
+    assert line["event.duration"] > 0
+
+
+async def test_a_backend_without_usage_still_logs_its_token_counts() -> None:
+    from structlog.testing import capture_logs
+
+    class Counted(SequenceBackend):
+        async def generate(self, request: GenerationRequest) -> Generation:
+            generation = await super().generate(request)
+            return Generation(generation.texts, prompt_tokens=7, completion_tokens=3)
+
+    service = await ready_service(Counted([[json.dumps(plan())]]))
+    with capture_logs() as logs:
+        await service.plan(PlanRequest(question="What is 1 + 1?"))
+    [line] = [e for e in logs if e["event"] == "plans generated"]
+    assert line["gen_ai.usage.input_tokens"] == 7 and line["gen_ai.usage.output_tokens"] == 3
