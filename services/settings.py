@@ -84,7 +84,11 @@ class PlannerSettings(CommonSettings):
     max_attempts: int = Field(default=3, ge=1, le=8)
     seed: int = 0
     n_ctx: int = Field(default=4096, ge=512)
-    n_threads: int | None = None
+    # llama.cpp only: threads for one-token steps (None: one core fewer than the machine
+    # has) and for steps of several tokens, prefill and batched decode (None: every core;
+    # docs/benchmarks/planner.md). llama.cpp picks between them per `llama_decode`.
+    n_threads: int | None = Field(default=None, ge=1)
+    n_threads_batch: int | None = Field(default=None, ge=1)
     # llama.cpp only: how decoding is held to the plan schema. `xgrammar` (the engine vLLM
     # uses) masks logits per step from a precompiled automaton; `gbnf` is llama.cpp's own
     # grammar sampler, which checks the whole vocabulary at every token (slower).

@@ -89,6 +89,17 @@ def default_threads() -> int:
     return max(1, len(os.sched_getaffinity(0)) - 1)
 
 
+def batch_threads() -> int:
+    """Every core, for `llama_decode` calls of several tokens (prefill, a batch of sequences).
+
+    A one-token step is bound by reading the weights and gains little from a second thread;
+    a step of several tokens is bound by the matmuls and parallelizes. Measured on the
+    idle 2-core box (qwen2.5-coder-0.5b, docs/benchmarks/planner.md): five samples as one
+    batch took 23.7 s with one thread and 12.8 s with two.
+    """
+    return max(1, len(os.sched_getaffinity(0)))
+
+
 CPUINFO = Path("/proc/cpuinfo")
 
 
@@ -245,6 +256,8 @@ class LlamaCppBackend:
             grammar_engine=self.grammar_engine,
             extra_buffers=self.extra_buffers,
             max_batch=self.max_batch if self._engine else 1,
+            threads=self.settings.n_threads or default_threads(),
+            threads_batch=self.settings.n_threads_batch or batch_threads(),
             seconds=round(self.load_seconds, 2),
         )
 
@@ -273,7 +286,7 @@ class LlamaCppBackend:
             # (see llamacpp_engine).
             flash_attn=self.batching,
             n_threads=threads,
-            n_threads_batch=threads,
+            n_threads_batch=self.settings.n_threads_batch or batch_threads(),
             seed=self.settings.seed,
             verbose=False,
         )
