@@ -1,8 +1,11 @@
 """Benchmark the llama.cpp planner's batch engine against one-sample-at-a-time decoding.
 
-Two backends over the same model, loaded one after the other: `sequential`
+Backends over the same model, one after the other: `sequential`
 (`LlamaCppBackend(batching=False)`: one `create_chat_completion` per sample, one request
-at a time; the path before the engine) and `engine` (the default: `llamacpp_engine`). Each
+at a time; the path before the engine), `engine` (the default: `llamacpp_engine`) and,
+with `--server-url`, `server`: the `openai` backend against llama.cpp's own server
+(`llama-server`, built from the same llama.cpp source, started by the caller; it batches
+over parallel slots and constrains with its GBNF grammar from `response_format`). Each
 runs three phases on the same questions (a seeded sample of GSM8K train, few-shot items
 excluded), with the service's prompt, schema, temperature, top_p and max_tokens:
 
@@ -32,6 +35,7 @@ import statistics
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
@@ -47,7 +51,7 @@ from services.schemas import plan_json_schema  # noqa: E402
 from services.settings import PlannerSettings  # noqa: E402
 from services.toolspecs import DEFAULT_TOOLS, tool_names  # noqa: E402
 
-MODES = ("sequential", "engine")
+MODES = ("sequential", "engine", "server")
 
 
 def cpu_model() -> str:
@@ -61,6 +65,7 @@ def key(record: dict[str, Any]) -> tuple[Any, ...]:
     return (
         record["model"],
         record["threads"],
+        record.get("threads_batch", record["threads"]),
         record["mode"],
         record["phase"],
         record.get("question"),
@@ -79,6 +84,7 @@ class Bench:
             backend="llamacpp",
             model=args.model,
             n_threads=args.threads,
+            n_threads_batch=args.threads_batch,
             max_tokens=args.max_tokens,
             seed=args.seed,
             max_batch=max(max(args.n), args.clients),
@@ -90,6 +96,7 @@ class Bench:
             "cpus": len(os.sched_getaffinity(0)),
             "model": args.model,
             "threads": args.threads,
+            "threads_batch": args.threads_batch or args.threads,
             "temperature": args.temperature,
         }
 
@@ -141,7 +148,17 @@ class Bench:
         if not todo:
             return
         rss_before = rss_mib()
-        backend = LlamaCppBackend(self.settings, batching=mode == "engine")
+        backend: Any
+        if mode == "server":
+            from planner.backends.openai import OpenAIBackend
+
+            backend = OpenAIBackend(
+                self.settings.model_copy(
+                    update={"openai_base_url": self.args.server_url, "openai_timeout_s": 600}
+                )
+            )
+        else:
+            backend = LlamaCppBackend(self.settings, batching=mode == "engine")
         await backend.load()
         loaded = {
             "rss_loaded_mib": round(rss_mib(), 1),
@@ -163,14 +180,14 @@ class Bench:
         for item in (first, second):
             started = time.perf_counter()
             generation = await backend.generate(self.request(item["question"], 1))
-            stats = backend.last_stats
+            stats = self.stats(backend, generation, time.perf_counter() - started)
             figures.append(
                 {
                     "question": item["id"],
                     "wall_s": round(time.perf_counter() - started, 2),
-                    "prompt_tokens": generation.usage.prompt_tokens,
+                    "prompt_tokens": generation.cost().prompt_tokens,
                     "prompt_eval_tokens": stats.prompt_eval_tokens,
-                    "prefix_cached_tokens": generation.usage.prefix_cached_tokens,
+                    "prefix_cached_tokens": generation.cost().prefix_cached_tokens,
                     "prefill_s": round(stats.prompt_eval_s, 3),
                 }
             )
@@ -202,7 +219,7 @@ class Bench:
                 )
 
     def figures(self, backend: Any, generation: Generation, wall: float) -> dict[str, Any]:
-        stats = backend.last_stats
+        stats = self.stats(backend, generation, wall)
         usage = generation.usage
         tokens = stats.completion_tokens
         decode_s = max(wall - stats.prompt_eval_s, 1e-9)
@@ -221,6 +238,20 @@ class Bench:
             "valid": sum(is_valid(t) for t in generation.texts),
             "distinct": len(set(generation.texts)),
         }
+
+    @staticmethod
+    def stats(backend: Any, generation: Generation, wall: float) -> Any:
+        """The backend's own figures; for the server, what the client sees (the wall time
+        includes prefill, and the prompt tokens are the server's count)."""
+        if hasattr(backend, "last_stats"):
+            return backend.last_stats
+        return SimpleNamespace(
+            completion_tokens=generation.completion_tokens,
+            prompt_eval_tokens=generation.prompt_tokens,
+            prompt_eval_s=0.0,
+            constraint_s=0.0,
+            per_completion=[],
+        )
 
     async def clients(self, backend: Any, mode: str, loaded: dict[str, Any]) -> None:
         c = self.args.clients
@@ -257,7 +288,7 @@ class Bench:
         mine = [
             r
             for r in self.records()
-            if r["model"] == self.args.model and r["threads"] == self.args.threads
+            if key(r)[:3] == key({**self.base, "mode": "", "phase": ""})[:3]
         ]
         out: dict[str, Any] = {**self.base, "benchmark": "planner_batch_summary"}
         for mode in MODES:
@@ -292,7 +323,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--questions", type=int, default=2)
     parser.add_argument("--n", type=int, nargs="+", default=[1, 2, 5, 8])
     parser.add_argument("--clients", type=int, default=4)
-    parser.add_argument("--modes", nargs="+", choices=MODES, default=list(MODES))
+    parser.add_argument("--modes", nargs="+", choices=MODES, default=["sequential", "engine"])
     parser.add_argument(
         "--phases",
         nargs="+",
@@ -303,7 +334,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--temperature", type=float, default=0.3, help="the service default")
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--threads-batch", type=int, default=None, help="default: --threads")
     parser.add_argument("--out", default="var/bench_planner_batch.jsonl")
+    parser.add_argument("--server-url", default="http://127.0.0.1:8100/v1", help="llama-server")
     return parser.parse_args(argv)
 
 

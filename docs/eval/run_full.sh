@@ -64,12 +64,7 @@ direct_pid=$!
 "$py" -m cli serve --log-dir "$logs" >"$logs/serve.out" 2>&1 &
 serve_pid=$!
 trap 'kill "$serve_pid" "$direct_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true' EXIT
-until curl -sf "http://127.0.0.1:$ORCH_PORT/readyz" >/dev/null \
-    && curl -sf "http://127.0.0.1:$PLANNER_PORT/readyz" >/dev/null \
-    && curl -sf "http://127.0.0.1:$VERIFIER_PORT/readyz" >/dev/null; do
-  kill -0 "$serve_pid" || { echo "services exited; see $logs/serve.out" >&2; exit 1; }
-  sleep 2
-done
+scripts/wait_ready.sh "$serve_pid" "$logs/serve.out" "$ORCH_PORT" "$PLANNER_PORT" "$VERIFIER_PORT"
 pipeline=(--url "http://127.0.0.1:$ORCH_PORT" --planner-url "http://127.0.0.1:$PLANNER_PORT" --deadline-s 120
   --retry-errors --concurrency 1 --no-progress)
 for ((done_n = start + batch; done_n <= n; done_n += batch)); do
