@@ -37,6 +37,7 @@ import structlog
 from planner.backends.base import Generation, GenerationRequest, Usage
 from planner.backends.llamacpp_engine import (
     BatchEngine,
+    EngineClosed,
     Job,
     JobCancelled,
     JobResult,
@@ -44,7 +45,7 @@ from planner.backends.llamacpp_engine import (
 )
 from planner.backends.schema_constraint import ConstraintError, SchemaConstraint
 from services.catalog import resolve_gguf
-from services.errors import InvalidRequest
+from services.errors import DependencyUnavailable, InvalidRequest, NotReady
 from services.settings import PlannerSettings
 
 log = structlog.get_logger(__name__)
@@ -390,6 +391,10 @@ class LlamaCppBackend:
                 **{"error.type": "constraint_failed", "error.message": str(exc)},
             )
             raise
+        except EngineClosed as exc:
+            raise NotReady(str(exc)) from None
+        except RuntimeError as exc:  # llama.cpp failed a step (logged by the engine)
+            raise DependencyUnavailable(f"the planner model failed: {exc}") from None
         finally:
             # Cancelled, overloaded or failed: the request's other jobs stop within a
             # token and leave the batch to the other requests.

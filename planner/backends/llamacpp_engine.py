@@ -78,7 +78,7 @@ MIN_P = 0.05
 TYPICAL_P = 1.0
 
 # Prometheus metrics under the names vLLM gives the same figures, so one dashboard reads
-# either backend (vLLM's own are exported by vLLM in the `vllm` backend).
+# this engine and a vLLM server alike.
 _LABELS = ["model_name"]
 _TIME_BUCKETS = (0.01, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 20, 40, 80, 160)
 _TOKEN_BUCKETS = (1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096)
@@ -357,12 +357,17 @@ class BatchEngine:
             self._cond.notify()
 
     def close(self) -> None:
-        """Stop the loop; every job not finished ends with `EngineClosed`."""
+        """Stop the loop; every job not finished ends with `EngineClosed`. Idempotent."""
         with self._cond:
+            if self._closing and self._batch is None:
+                return
             self._closing = True
             self._cond.notify()
         self._thread.join()
-        self._lib.llama_batch_free(self._batch)
+        with self._cond:
+            batch, self._batch = self._batch, None
+        if batch is not None:
+            self._lib.llama_batch_free(batch)
 
     @property
     def load(self) -> tuple[int, int]:
@@ -424,12 +429,10 @@ class BatchEngine:
             if not job.prompt:
                 job.prompt, job.prefix = prompt_and_prefix(self._llm, self._formatter, job.messages)
                 if len(job.prompt) >= self.prompt_limit:
-                    self._pop(job)
-                    job.done(
-                        ValueError(
-                            f"the prompt is {len(job.prompt)} tokens, which exceeds the "
-                            f"planner's context of {self.prompt_limit} tokens"
-                        )
+                    self._refuse(
+                        job,
+                        f"the prompt is {len(job.prompt)} tokens, which exceeds the "
+                        f"planner's context of {self.prompt_limit} tokens",
                     )
                     continue
                 # As llama.cpp does: a completion ends where the context does.
@@ -439,15 +442,31 @@ class BatchEngine:
             job.cells = len(job.prompt) - len(job.prefix) + n * job.max_tokens
             need = job.cells + (0 if hit else len(job.prefix))
             held = self._reserved - (0 if hit or self._prefix.refs else len(self._prefix.tokens))
-            if len(self._free_ids) < n or held + need > self.n_cells - self._n_batch:
+            room = self.n_cells - self._n_batch
+            if len(self._free_ids) < n or held + need > room:
+                if not self._running and need > room:  # would never fit: do not wait
+                    self._refuse(
+                        job,
+                        f"{n} samples of up to {job.max_tokens} tokens need {need} KV "
+                        f"cells; the planner's cache holds {room}",
+                    )
+                    continue
                 return  # the head of the queue waits for room; FIFO, so no starvation
-            self._pop(job)
-            self._start(job, hit)
+            if self._pop(job):
+                self._start(job, hit)
 
-    def _pop(self, job: Job) -> None:
+    def _pop(self, job: Job) -> bool:
+        """Take `job` off the queue; False if a caller already took it (cancelled)."""
         with self._cond:
-            self._waiting.popleft()
+            if job not in self._waiting:
+                return False
+            self._waiting.remove(job)
             WAITING.labels(**self._labels).set(len(self._waiting))
+            return True
+
+    def _refuse(self, job: Job, message: str) -> None:
+        if self._pop(job):
+            job.done(ValueError(message))
 
     def _start(self, job: Job, hit: bool) -> None:
         lib = self._lib

@@ -309,3 +309,45 @@ def test_generations_are_counted_under_vllms_metric_names(backend: Any) -> None:
     assert after["vllm:e2e_request_latency_seconds_count"] == (
         before["vllm:e2e_request_latency_seconds_count"] + 1
     )
+
+
+def test_a_failed_llama_cpp_step_fails_its_requests_with_503_and_the_engine_serves_on(
+    backend: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from planner.backends import llamacpp_engine
+    from services.errors import DependencyUnavailable
+
+    real = llamacpp_engine._decode
+    calls: list[int] = []
+
+    def failing(lib: Any, ctx: Any, batch: Any) -> None:
+        calls.append(1)
+        if len(calls) == 5:  # a few tokens in
+            raise RuntimeError("llama_decode failed (-3)")
+        real(lib, ctx, batch)
+
+    monkeypatch.setattr(llamacpp_engine, "_decode", failing)
+    with pytest.raises(DependencyUnavailable) as failed:
+        run(backend, request(2, seed=11))
+    assert failed.value.status_code == 503 and "llama_decode failed" in failed.value.message
+    monkeypatch.setattr(llamacpp_engine, "_decode", real)
+    # The cache was cleared with the failure: the next request evaluates the prefix again
+    # and decodes as a fresh engine would.
+    after = run(backend, request(question=QUESTIONS[1], seed=12))
+    assert after.usage.prefix_cached_tokens == 0
+    assert json.loads(after.texts[0])["steps"]
+
+
+def test_a_job_the_cache_can_never_hold_is_refused_not_left_waiting() -> None:
+    backend = make_backend(max_batch=2, max_tokens=64)  # a cache sized for 64-token plans
+
+    async def scenario() -> InvalidRequest:
+        await backend.load()
+        try:
+            with pytest.raises(InvalidRequest) as refused:
+                await asyncio.wait_for(backend.generate(request(2, max_tokens=480)), 30)
+            return refused.value
+        finally:
+            await backend.close()
+
+    assert "KV cells" in asyncio.run(scenario()).message
