@@ -84,7 +84,7 @@ class Bench:
             backend="llamacpp",
             model=args.model,
             n_threads=args.threads,
-            n_threads_batch=args.threads_batch,
+            n_threads_batch=args.threads_batch or args.threads,
             max_tokens=args.max_tokens,
             seed=args.seed,
             max_batch=max(max(args.n), args.clients),

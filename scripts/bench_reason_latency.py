@@ -1,6 +1,7 @@
 """Report what scripts/bench_reason_latency.sh recorded: per run (LABEL, mode), the /reason
 latency P50/P95 as the client saw it, the planning stage's share, and the requests that
-ran out of their deadline. The items compared are the ones every run has finished.
+ran out of their deadline. Per mode, the items compared are the ones every run of that
+mode has finished.
 
     python scripts/bench_reason_latency.py docs/benchmarks/results/reason_latency-*.jsonl
 """
@@ -44,9 +45,10 @@ def report(paths: list[Path]) -> list[dict[str, Any]]:
         match = NAME.search(path.name)
         if match:
             runs[(match["label"], match["mode"])] = load(path)
-    common = set.intersection(*(set(items) for items in runs.values())) if runs else set()
     rows = []
     for (label, mode), items in sorted(runs.items()):
+        # The items every run of this mode has finished, so labels compare like with like.
+        common = set.intersection(*(set(other) for (_, m), other in runs.items() if m == mode))
         chosen = [items[i] for i in sorted(common)]
         # The client's wall time; a failed request counts at the time it failed (a
         # deadline at 120 s), so failures raise the percentiles instead of leaving them.

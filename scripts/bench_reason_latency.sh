@@ -2,16 +2,18 @@
 # End-to-end /reason latency on the embedded default: the three services from CHECKOUT
 # (a checkout of this repository; default this one, so an older commit's worktree gives
 # the "before"), then the first N GSM8K test items through /reason with n_plans 1
-# (`plan`: one plan, no verifier) and n_plans 5 (`plan+verify+sc5`: five plans, verified,
-# voted), one request at a time, 120 s deadline each. One JSON line per item goes to
+# (`plan`: one plan, no verifier) and the first N5 (default N) with n_plans 5
+# (`plan+verify+sc5`: five plans, verified, voted), one request at a time, 120 s deadline
+# each. One JSON line per item goes to
 # docs/benchmarks/results/reason_latency-LABEL-MODE.jsonl (a rerun resumes); the report is
 #   python scripts/bench_reason_latency.py docs/benchmarks/results/reason_latency-*.jsonl
 # Latency is measured, never tuned: GSM8K test is the reporting set.
-#   [CHECKOUT=DIR] [PORT_BASE=18200] scripts/bench_reason_latency.sh LABEL [N]
+#   [CHECKOUT=DIR] [PORT_BASE=18200] scripts/bench_reason_latency.sh LABEL [N] [N5]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 label="${1:?usage: bench_reason_latency.sh LABEL [N]}"
 n="${2:-50}"
+n5="${3:-$n}"
 checkout="$(cd "${CHECKOUT:-$repo}" && pwd)"
 port="${PORT_BASE:-18200}"
 py="${PYTHON:-$repo/.venv/bin/python}"
@@ -30,9 +32,11 @@ trap 'kill "$serve_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || tr
 "$repo/scripts/wait_ready.sh" "$serve_pid" "$logs/serve.out" "$ORCH_PORT" "$PLANNER_PORT" "$VERIFIER_PORT"
 git -C "$checkout" rev-parse HEAD >"$logs/commit"
 for mode in plan plan+verify+sc5; do
+  limit="$n"
+  if [ "$mode" = plan+verify+sc5 ]; then limit="$n5"; fi
   PYTHONPATH="$repo" "$py" "$repo/scripts/eval.py" run \
     --data "$repo/../shared/datasets/gsm8k/test.norm.jsonl" --mode "$mode" \
-    --out "$out/reason_latency-$label-$mode.jsonl" --limit "$n" \
+    --out "$out/reason_latency-$label-$mode.jsonl" --limit "$limit" \
     --url "http://127.0.0.1:$ORCH_PORT" --planner-url "http://127.0.0.1:$PLANNER_PORT" \
     --deadline-s 120 --concurrency 1 --no-progress
 done
