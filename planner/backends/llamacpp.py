@@ -295,11 +295,13 @@ class LlamaCppBackend:
     async def close(self) -> None:
         for cancel in list(self._active):  # stop a running generation first
             cancel.set()
+        # No new generation from here on (neither path: a request arriving while the
+        # engine thread winds down must not reach the context through the other one).
+        llm, self._llm = self._llm, None
         engine, self._engine = self._engine, None
         if engine is not None:
             await asyncio.to_thread(engine.close)
-        async with self._async_lock:
-            llm, self._llm = self._llm, None
+        async with self._async_lock:  # a sequential generation still running ends first
             if llm is not None:
                 await asyncio.to_thread(self._close, llm)
 

@@ -339,7 +339,7 @@ class BatchEngine:
             gone = [waiting for waiting in self._waiting if waiting.cancel.is_set()]
             for waiting in gone:  # cancelled while queued: no longer waiting
                 self._waiting.remove(waiting)
-                waiting.done(JobCancelled("generation cancelled"))
+                _notify(waiting, JobCancelled("generation cancelled"))
             if len(self._waiting) >= self.max_queued:
                 retry = self._retry_after()
                 raise Overloaded(
@@ -400,7 +400,7 @@ class BatchEngine:
         with self._cond:
             waiting, self._waiting = list(self._waiting), deque()
         for job in waiting:
-            job.done(EngineClosed("the planner model is shutting down"))
+            _notify(job, EngineClosed("the planner model is shutting down"))
 
     def _reset(self, exc: BaseException) -> None:
         for job in list(self._running):
@@ -416,7 +416,7 @@ class BatchEngine:
                 self._waiting.remove(job)
             WAITING.labels(**self._labels).set(len(self._waiting))
         for job in cancelled:
-            job.done(JobCancelled("generation cancelled"))
+            _notify(job, JobCancelled("generation cancelled"))
         for job in [job for job in self._running if job.cancel.is_set()]:
             self._finish(job, JobCancelled("generation cancelled"))
 
@@ -427,7 +427,14 @@ class BatchEngine:
                     return
                 job = self._waiting[0]
             if not job.prompt:
-                job.prompt, job.prefix = prompt_and_prefix(self._llm, self._formatter, job.messages)
+                try:
+                    job.prompt, job.prefix = prompt_and_prefix(
+                        self._llm, self._formatter, job.messages
+                    )
+                except Exception as exc:  # the chat template refused the messages
+                    if self._pop(job):
+                        _notify(job, RuntimeError(f"the chat template failed: {exc}"))
+                    continue
                 if len(job.prompt) >= self.prompt_limit:
                     self._refuse(
                         job,
@@ -466,7 +473,7 @@ class BatchEngine:
 
     def _refuse(self, job: Job, message: str) -> None:
         if self._pop(job):
-            job.done(ValueError(message))
+            _notify(job, ValueError(message))
 
     def _start(self, job: Job, hit: bool) -> None:
         lib = self._lib
@@ -477,7 +484,7 @@ class BatchEngine:
             try:
                 self._set_prefix(job.prefix)
             except Exception as exc:
-                job.done(exc)
+                _notify(job, exc)
                 return
             job.prompt_eval += len(job.prefix)
             job.prefill_s += time.perf_counter() - t0
@@ -685,8 +692,18 @@ class BatchEngine:
             job.pinned = None
         RUNNING.labels(**self._labels).set(len(self._running))
         if error is not None:
-            job.done(error)
+            _notify(job, error)
             return
+        try:
+            result = self._result(job, now)
+        except Exception as exc:  # detokenizing or a metric failed: still answer
+            log.exception("llama.cpp job result failed", **{"error.type": "engine_failed"})
+            _notify(job, RuntimeError(f"the planner could not read its output: {exc}"))
+            return
+        _notify(job, result)
+
+    def _result(self, job: Job, now: float) -> JobResult:
+        """The finished job's texts and figures, counted in the metrics."""
         labels = self._labels
         completion = [len(seq.tokens) for seq in job.seqs]
         result = JobResult(
@@ -723,7 +740,16 @@ class BatchEngine:
         REQUEST_PROMPT.labels(**labels).observe(result.prompt_tokens)
         REQUEST_GENERATION.labels(**labels).observe(sum(completion))
         CONSTRAINT_TIME.labels(**labels).inc(result.constraint_s)
-        job.done(result)
+        return result
+
+
+def _notify(job: Job, outcome: JobResult | BaseException) -> None:
+    """Call the job's `done` once; a callback that raises (its event loop is gone) must
+    not take the engine thread or another request with it."""
+    try:
+        job.done(outcome)
+    except Exception:
+        log.warning("a job's caller could not be told its outcome", exc_info=True)
 
 
 def _fill(seq: _Sequence, bitmask: np.ndarray, row: int) -> None:

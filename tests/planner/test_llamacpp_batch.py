@@ -351,3 +351,23 @@ def test_a_job_the_cache_can_never_hold_is_refused_not_left_waiting() -> None:
             await backend.close()
 
     assert "KV cells" in asyncio.run(scenario()).message
+
+
+def test_messages_the_chat_template_refuses_fail_alone(backend: Any) -> None:
+    """A job whose prompt cannot be rendered fails by itself (503); it neither stalls the
+    queue nor fails the requests decoding beside it."""
+    from planner.backends.base import GenerationRequest
+    from services.errors import DependencyUnavailable
+
+    broken = GenerationRequest(messages=[], json_schema=tight_schema(), max_tokens=50)
+
+    async def scenario() -> tuple[BaseException | Any, Any]:
+        ok = asyncio.create_task(backend.generate(request(question=QUESTIONS[1], seed=13)))
+        await until(lambda: backend.engine.load[0] > 0)
+        failed = await asyncio.gather(backend.generate(broken), return_exceptions=True)
+        return failed[0], await ok
+
+    failed, ok = asyncio.run(scenario())
+    assert isinstance(failed, DependencyUnavailable) and "chat template" in failed.message
+    assert json.loads(ok.texts[0])["steps"]
+    assert backend.engine.load == (0, 0)
