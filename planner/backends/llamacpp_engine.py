@@ -517,7 +517,7 @@ class BatchEngine:
             for seq in job.seqs[1:]:
                 lib.llama_memory_seq_cp(self._mem, first, seq.id, -1, -1)
             # Every matcher is at the grammar's start: one mask serves all first tokens.
-            self._mask([(row, job.seqs[0])], row_logits=True)
+            self._mask([(row, job, job.seqs[0])], row_logits=True)
             for seq in job.seqs:
                 self._sample(job, seq, row)
             job.first_token = time.perf_counter()
@@ -581,7 +581,7 @@ class BatchEngine:
             job.batch_sum += len(live)
             job.batch_max = max(job.batch_max, len(live))
         broken: dict[int, ConstraintError] = {}
-        self._mask([(i, seq) for i, (_, seq) in enumerate(live)], failed=broken)
+        self._mask([(i, job, seq) for i, (job, seq) in enumerate(live)], failed=broken)
         failed: dict[int, tuple[Job, Exception]] = {}
         for job, seq in live:
             if seq.id in broken:
@@ -600,7 +600,7 @@ class BatchEngine:
 
     def _mask(
         self,
-        rows: list[tuple[int, _Sequence]],
+        rows: list[tuple[int, Job, _Sequence]],
         row_logits: bool = False,
         failed: dict[int, ConstraintError] | None = None,
     ) -> None:
@@ -610,7 +610,7 @@ class BatchEngine:
         that fails in a decode step is recorded in `failed` (by sequence id), its row left
         unmasked for the caller to discard."""
         failed = {} if failed is None else failed
-        rows = [(row, seq) for row, seq in rows if seq.matcher is not None]
+        rows = [(row, job, seq) for row, job, seq in rows if seq.matcher is not None]
         if not rows:
             return
         import torch
@@ -619,17 +619,17 @@ class BatchEngine:
         t0 = time.perf_counter()
         lib = self._lib
         if row_logits:  # one row, a prefill's last token: every matcher is at the start
-            row, seq = rows[0]
+            row, _, seq = rows[0]
             _fill(seq, self._bitmask, 0)
             pointer, n, indices = lib.llama_get_logits_ith(self._ctx, row), 1, None
         else:  # a decode step: every token has logits, rows in batch order
-            for row, seq in rows:
+            for row, _, seq in rows:
                 try:
                     _fill(seq, self._bitmask, row)
                 except ConstraintError as exc:
                     failed[seq.id] = exc
-            n = max(row for row, _ in rows) + 1
-            indices = [row for row, _ in rows]
+            indices = [row for row, _, _ in rows]
+            n = indices[-1] + 1
             if indices == list(range(n)):
                 indices = None
             pointer = lib.llama_get_logits(self._ctx)
@@ -640,15 +640,9 @@ class BatchEngine:
             vocab_size=self._vocab,
             indices=indices,
         )
-        self._charge(rows, time.perf_counter() - t0)
-
-    def _charge(self, rows: list[tuple[int, _Sequence]], seconds: float) -> None:
-        share = seconds / len(rows)
-        owners = {seq.id: job for job in self._running for seq in job.seqs}
-        for _, seq in rows:
-            job = owners.get(seq.id)
-            if job is not None:
-                job.constraint_s += share
+        share = (time.perf_counter() - t0) / len(rows)
+        for _, job, _ in rows:
+            job.constraint_s += share
 
     def _sample(self, job: Job, seq: _Sequence, row: int) -> None:
         token = self._lib.llama_sampler_sample(seq.sampler, self._ctx, row)
