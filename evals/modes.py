@@ -280,7 +280,7 @@ class DirectRunner:
         record = base_record(item, dataset=self.dataset, mode="direct", model=model)
         request = GenerationRequest(
             messages=self.prompt.messages(item.question),
-            json_schema={},  # unused: the backend decodes free text
+            json_schema=None,  # free text
             n=1,
             temperature=0.0,
             top_p=1.0,

@@ -77,6 +77,7 @@ def create_app(
                 cache=cache,
                 cache_ttl_s=settings.cache_ttl_s,
                 max_replans=settings.max_replans,
+                replan_on=settings.replan_on,
                 max_tool_calls=settings.max_tool_calls_per_request,
                 sandbox_jobs_per_tenant=settings.sandbox_jobs_per_tenant(),
             )

@@ -1,4 +1,10 @@
-"""`/reason`: plan, execute, verify, replan on rejection, vote across plans, cache.
+"""`/reason`: plan, execute, vote across plans, verify, replan where it pays, cache.
+
+With `n_plans > 1` the answer is the one most executed plans agree on (self-consistency
+over executed answers); the verifier's score only breaks ties. Sampling is adaptive:
+a majority of the plans is drawn first, and the rest only when those leave the vote open,
+so the answer is the one the full draw's vote would give. A round is replanned (with the
+failed attempt as feedback) only for the reasons in `replan_on`.
 
 Every outside call gets what is left of the request's deadline as its timeout. The
 planner being down is an error (there is nothing to run: 503); a question it cannot plan
@@ -14,7 +20,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Literal
 
 import structlog
 from prometheus_client import Counter, Histogram
@@ -56,13 +62,28 @@ STAGE_LATENCY = Histogram(
     ["stage"],
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60, 120),
 )
-REPLANS = Counter("reason_replans_total", "Replanning rounds after a rejected answer")
+REPLANS = Counter("reason_replans_total", "Replanning rounds", ["reason"])
+PLANS_DRAWN = Counter("reason_plans_drawn_total", "Plans drawn and executed", ["batch"])
 
 UNVERIFIED_CONFIDENCE = 0.5
+ReplanReason = Literal["no_answer", "rejected", "low_agreement"]
+REPLAN_REASONS: tuple[ReplanReason, ...] = ("no_answer", "rejected", "low_agreement")
+LOW_AGREEMENT = 0.5  # the served answer has fewer than half of the round's plans
 VERIFY_MIN_BUDGET_S = 0.05
 PLAN_MIN_BUDGET_S = 0.05
 
 StepCallback = Callable[[StepResult], Awaitable[None] | None]
+
+
+@dataclass(frozen=True)
+class Run:
+    """What every plan of one request runs with."""
+
+    trace_id: str
+    tenant: str
+    on_step: StepCallback | None
+    budget: ToolBudget
+    limits_tenant: str  # whose sandbox share the steps count against
 
 
 @dataclass
@@ -99,6 +120,7 @@ class ReasonService:
         cache: Cache,
         cache_ttl_s: int = 300,
         max_replans: int = 2,
+        replan_on: tuple[ReplanReason, ...] | list[ReplanReason] = ("no_answer", "rejected"),
         max_tool_calls: int = 32,
         sandbox_jobs_per_tenant: int | None = None,
     ) -> None:
@@ -110,11 +132,14 @@ class ReasonService:
         self.cache = cache
         self.cache_ttl_s = cache_ttl_s
         self.max_replans = max_replans
+        self.replan_on = frozenset(replan_on)
         self.max_tool_calls = max_tool_calls
 
     def _answer_cache_key(self, request: ReasonRequest, tenant: str) -> str:
         o = request.options
-        return make_key("answer", tenant, normalize_text(request.question), o.n_plans, o.verify)
+        return make_key(
+            "answer", tenant, normalize_text(request.question), o.n_plans, o.verify, o.adaptive
+        )
 
     async def reason(
         self,
@@ -160,8 +185,10 @@ class ReasonService:
         # the one the verifier trusted most, not whatever the last replan produced
         chosen: tuple[Attempt, list[Attempt], int] | None = None
         feedback: str | None = None
+        reason: ReplanReason | None = None  # why the round about to run is a replan
         rounds = 0
         budget = ToolBudget(self.max_tool_calls)
+        run = Run(trace_id, tenant, on_step, budget, limits_tenant or tenant)
         for round_no in range(self.max_replans + 1):
             if round_no > 0 and budget.spent:
                 log.info(
@@ -176,31 +203,23 @@ class ReasonService:
                 log.info("no time left for another round", **{"event.action": "reason.replan_skip"})
                 break
             rounds = round_no + 1
-            if round_no > 0:
-                REPLANS.inc()
-            t0 = time.perf_counter()
+            if reason is not None:
+                REPLANS.labels(reason).inc()
             try:
-                plans = await self._plan(request, deadline, feedback)
+                attempts = await self._round(request, deadline, feedback, timings, run)
             except (DependencyUnavailable, DeadlineExceeded, PlanningFailed):
                 if chosen is not None:  # keep the answer we have; the replan just failed
                     break
                 raise
-            finally:
-                timings["plan"] += (time.perf_counter() - t0) * 1000
-            t0 = time.perf_counter()
-            executions = await self._execute_all(
-                plans, deadline, trace_id, tenant, on_step, budget, limits_tenant or tenant
-            )
-            timings["execute"] += (time.perf_counter() - t0) * 1000
-            t0 = time.perf_counter()
-            attempts = await self._verify_all(request, executions, deadline)
-            timings["verify"] += (time.perf_counter() - t0) * 1000
             best, agreeing = vote(attempts)
-            if chosen is None or trust(best) > trust(chosen[0]):
+            if chosen is None or trust(best, agreeing, len(attempts)) > trust(
+                chosen[0], chosen[2], len(chosen[1])
+            ):
                 chosen = (best, attempts, agreeing)
-            if best.verdict != "rejected" and best.answer is not None:
+            reason = replan_reason(best, agreeing, len(attempts))
+            if reason is None or reason not in self.replan_on:
                 break
-            feedback = describe_failure(best)
+            feedback = describe_failure(best, reason, attempts)
         assert chosen is not None
         best, best_plans, agreeing = chosen
         total_ms = (time.perf_counter() - started) * 1000
@@ -235,17 +254,75 @@ class ReasonService:
             await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
         return response
 
+    async def _round(
+        self,
+        request: ReasonRequest,
+        deadline: float,
+        feedback: str | None,
+        timings: dict[str, float],
+        run: Run,
+    ) -> list[Attempt]:
+        """One round: draw plans (adaptively), execute them, verify the leading answers."""
+        n = request.options.n_plans
+        first = n if n <= 2 or not request.options.adaptive else n // 2 + 1
+        executions = await self._draw(request, deadline, feedback, timings, first, 0, run)
+        answers = [answer_key(e.answer) for e in executions]
+        if first < n and not run.budget.spent and not settled(answers, n):
+            try:
+                executions += await self._draw(
+                    request, deadline, feedback, timings, n - first, first, run
+                )
+            except (DependencyUnavailable, DeadlineExceeded, PlanningFailed) as exc:
+                log.warning(
+                    "no further plans could be drawn; voting on those drawn",
+                    **{"event.action": "reason.sample_more", "error.message": exc.message},
+                )
+        t0 = time.perf_counter()
+        attempts = await self._verify_all(request, executions, deadline)
+        timings["verify"] += (time.perf_counter() - t0) * 1000
+        return attempts
+
+    async def _draw(
+        self,
+        request: ReasonRequest,
+        deadline: float,
+        feedback: str | None,
+        timings: dict[str, float],
+        n: int,
+        offset: int,
+        run: Run,
+    ) -> list[Execution]:
+        t0 = time.perf_counter()
+        try:
+            plans = await self._plan(request, deadline, feedback, n, offset)
+        finally:
+            timings["plan"] += (time.perf_counter() - t0) * 1000
+        PLANS_DRAWN.labels("first" if offset == 0 else "more").inc(len(plans))
+        t0 = time.perf_counter()
+        executions = await self._execute_all(plans, deadline, run)
+        timings["execute"] += (time.perf_counter() - t0) * 1000
+        return executions
+
     async def _plan(
-        self, request: ReasonRequest, deadline: float, feedback: str | None
+        self,
+        request: ReasonRequest,
+        deadline: float,
+        feedback: str | None,
+        n: int,
+        offset: int = 0,
     ) -> list[Plan]:
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining < PLAN_MIN_BUDGET_S:
             raise DeadlineExceeded("the request deadline passed before a plan could be made")
         body: dict[str, Any] = {
             "question": request.question,
-            "n": request.options.n_plans,
+            "n": n,
             "tools": [spec.model_dump() for spec in self.registry.specs()],
         }
+        if request.options.n_plans > 1:  # votes need independent samples, repeats kept
+            body["distinct"] = False
+        if offset:
+            body["offset"] = offset
         if feedback:
             body["feedback"] = feedback[:16000]
         data = await self.planner.post_json("/plan", body, timeout_s=remaining)
@@ -255,7 +332,7 @@ class ReasonService:
             raise DependencyUnavailable("planner answered with a malformed plan response") from None
         plans = []
         # the planner's output is model output: check it again, and run no more than asked
-        for plan in response.plans[: request.options.n_plans]:
+        for plan in response.plans[:n]:
             try:
                 check_plan(plan, self.registry.names)
             except ServiceError as exc:
@@ -266,27 +343,18 @@ class ReasonService:
             raise Unplannable("the planner returned no plan that passes validation")
         return plans
 
-    async def _execute_all(
-        self,
-        plans: list[Plan],
-        deadline: float,
-        trace_id: str,
-        tenant: str,
-        on_step: StepCallback | None,
-        budget: ToolBudget,
-        limits_tenant: str,
-    ) -> list[Execution]:
+    async def _execute_all(self, plans: list[Plan], deadline: float, run: Run) -> list[Execution]:
         async with asyncio.TaskGroup() as group:
             tasks = [
                 group.create_task(
                     self.executor.run(
                         plan,
                         deadline=deadline,
-                        trace_id=trace_id,
-                        tenant=tenant,
-                        on_step=on_step,
-                        budget=budget,
-                        limits_tenant=limits_tenant,
+                        trace_id=run.trace_id,
+                        tenant=run.tenant,
+                        on_step=run.on_step,
+                        budget=run.budget,
+                        limits_tenant=run.limits_tenant,
                     )
                 )
                 for plan in plans
@@ -299,11 +367,13 @@ class ReasonService:
         attempts = [Attempt(e) for e in executions]
         if not request.options.verify:
             return attempts
-        # Ask once per distinct answer (the plans that produced it share the verdict).
+        # Ask once per answer that can win the vote: those most plans agree on (the
+        # plans that produced an answer share its verdict; the verifier breaks ties).
+        leaders = leading_answers(attempts)
         distinct: dict[str, Attempt] = {}
         for attempt in attempts:
             k = answer_key(attempt.answer)
-            if k is not None and k not in distinct:
+            if k in leaders and k not in distinct:
                 distinct[k] = attempt
         for attempt in attempts:
             if attempt.answer is None:  # nothing to verify; the round may be replanned
@@ -370,31 +440,79 @@ def _cut(text: str | None, limit: int = 2000) -> str | None:
     return text if text is None or len(text) <= limit else text[:limit] + "…"
 
 
-def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
-    """Pick the answer with the largest total verifier confidence; report how many agree."""
-    weights: dict[str, float] = {}
+def _counts(attempts: list[Attempt]) -> dict[str, int]:
     counts: dict[str, int] = {}
     for a in attempts:
         k = answer_key(a.answer)
-        if k is None:
-            continue
-        weights[k] = weights.get(k, 0.0) + a.confidence
-        counts[k] = counts.get(k, 0) + 1
-    if not weights:
+        if k is not None:
+            counts[k] = counts.get(k, 0) + 1
+    return counts
+
+
+def leading_answers(attempts: list[Attempt]) -> set[str]:
+    """The answers most plans agree on (several when tied)."""
+    counts = _counts(attempts)
+    top = max(counts.values(), default=0)
+    return {k for k, c in counts.items() if c == top}
+
+
+def settled(answers: list[str | None], n: int) -> bool:
+    """Whether the answers drawn so far decide the vote over `n` plans: the leader keeps
+    more votes than the runner-up could reach with every plan still to draw."""
+    votes = sorted((answers.count(k) for k in set(answers) if k is not None), reverse=True)
+    leader, runner_up = [*votes, 0, 0][:2]
+    return leader > runner_up + (n - len(answers))
+
+
+def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
+    """The answer most executed plans agree on; among tied answers, the one the verifier
+    trusts most, then the one drawn first. Returns the served attempt (the most trusted
+    plan of that answer) and how many plans agree with it."""
+    counts = _counts(attempts)
+    if not counts:
         return max(attempts, key=lambda a: sum(s.status == "ok" for s in a.execution.steps)), 0
-    winner = max(weights, key=lambda k: (weights[k], counts[k]))
+    order = {k: i for i, k in reversed(list(enumerate(answer_key(a.answer) for a in attempts)))}
+    confidence: dict[str, float] = {}
+    for a in attempts:
+        k = answer_key(a.answer)
+        if k is not None:
+            confidence[k] = max(confidence.get(k, 0.0), a.confidence)
+    winner = max(counts, key=lambda k: (counts[k], confidence[k], -order[k]))
     members = [a for a in attempts if answer_key(a.answer) == winner]
     return max(members, key=lambda a: a.confidence), counts[winner]
 
 
-def trust(attempt: Attempt) -> tuple[bool, bool, float]:
-    """Orders rounds: an answer beats none, then not rejected beats rejected, then confidence."""
-    return (attempt.answer is not None, attempt.verdict != "rejected", attempt.confidence)
+def replan_reason(best: Attempt, agreeing: int, drawn: int) -> ReplanReason | None:
+    """Why the round's answer is worth another round, if it is."""
+    if best.answer is None:
+        return "no_answer"
+    if best.verdict == "rejected":
+        return "rejected"
+    if drawn > 1 and agreeing / drawn < LOW_AGREEMENT:
+        return "low_agreement"
+    return None
 
 
-def describe_failure(attempt: Attempt) -> str:
+def trust(attempt: Attempt, agreeing: int = 1, drawn: int = 1) -> tuple[bool, bool, float, float]:
+    """Orders rounds: an answer beats none, then not rejected beats rejected, then the
+    share of plans agreeing, then the verifier's confidence."""
+    return (
+        attempt.answer is not None,
+        attempt.verdict != "rejected",
+        agreeing / max(drawn, 1),
+        attempt.confidence,
+    )
+
+
+def describe_failure(
+    attempt: Attempt, reason: ReplanReason = "rejected", attempts: list[Attempt] | None = None
+) -> str:
     if attempt.answer is None:
         verdict = "The plan did not produce an answer."
+    elif reason == "low_agreement" and attempts:
+        answers = _counts(attempts)
+        listed = ", ".join(f"{k!r} ({c} of {len(attempts)})" for k, c in answers.items())
+        verdict = f"Plans for this question disagreed on the answer: {listed}."
     else:
         verdict = (
             f"The verifier rejected the answer {attempt.answer!r} "

@@ -3,13 +3,16 @@
 from __future__ import annotations
 
 import ast
+import asyncio
 import time
+from dataclasses import replace
 
 import structlog
 from prometheus_client import Counter, Histogram
 
 from planner.backends.base import GenerationRequest, PlanBackend, Usage
-from planner.prompting import build_messages
+from planner.drafts import plan_from_draft
+from planner.prompting import FORMATS, build_messages, transcription_messages
 from services.errors import NotReady, PlanInvalid, PlanningFailed
 from services.model_host import ModelHost
 from services.plans import parse_plan
@@ -30,13 +33,63 @@ class PlannerService(ModelHost):
         super().__init__(backend)
         self.settings = settings
 
+    async def _read_drafts(
+        self,
+        first: GenerationRequest,
+        generation_texts: list[str],
+        tools: list[ToolSpec],
+        feedback: str | None,
+        names: list[str],
+    ) -> tuple[list[Plan | str], Usage]:
+        """The plans the drafts state. A draft the planner cannot read is transcribed
+        into a JSON plan under the grammar (one pass per such draft, all in flight
+        together, so the engine decodes them as one batch)."""
+        out: list[Plan | str] = []
+        unread: list[tuple[int, str]] = []
+        for text in generation_texts:
+            try:
+                out.append(plan_from_draft(text, names))
+            except PlanInvalid as exc:
+                log.info(
+                    "draft not readable, transcribing it",
+                    **{"error.type": "draft_unreadable", "error.message": exc.message},
+                )
+                unread.append((len(out), text))
+                out.append(text)
+        usage = Usage()
+        if not unread:
+            return out, usage
+        schema = plan_json_schema(names)
+        requests = [
+            replace(
+                first,
+                messages=transcription_messages(first.question, tools, draft, feedback),
+                json_schema=schema,
+                n=1,
+                temperature=0.0,  # a copy of the draft, not a new sample
+                metadata={**first.metadata, "transcription": k},
+            )
+            for k, (_, draft) in enumerate(unread)
+        ]
+        tasks = [asyncio.ensure_future(self.backend.generate(r)) for r in requests]
+        try:
+            generations = await asyncio.gather(*tasks)
+        finally:  # one failed: the others stop too (a no-op for those already done)
+            for task in tasks:
+                task.cancel()
+        for (index, _), generation in zip(unread, generations, strict=True):
+            usage += generation.cost()
+            out[index] = generation.texts[0] if generation.texts else ""
+        return out, usage
+
     async def plan(self, request: PlanRequest) -> PlanResponse:
         if not self.ready:
             raise NotReady(f"planner model not ready: {self.load_error or 'loading'}")
         started = time.perf_counter()
         tools: list[ToolSpec] = list(request.tools or DEFAULT_TOOLS)
         names = [t.name for t in tools]
-        schema = plan_json_schema(names)
+        spec = FORMATS[self.settings.plan_format]
+        schema = plan_json_schema(names, reasoning_chars=spec.reasoning_chars)
         temperature = (
             request.temperature if request.temperature is not None else self.settings.temperature
         )
@@ -50,27 +103,37 @@ class PlannerService(ModelHost):
         weak: list[Plan] = []
         usage = Usage()
         attempts = 0
+        fmt = self.settings.plan_format
         for attempt in range(self.settings.max_attempts):
             attempts = attempt + 1
             want = request.n - len(plans)
             gen_request = GenerationRequest(
-                messages=build_messages(request.question, tools, feedback),
-                json_schema=schema,
+                messages=build_messages(request.question, tools, feedback, fmt),
+                json_schema=schema if spec.constrained else None,
                 n=want,
                 # Repeated samples: sample a little hotter to get distinct plans.
                 temperature=min(temperature + 0.2 * duplicates, 1.5) if duplicates else temperature,
                 top_p=self.settings.top_p,
                 max_tokens=self.settings.max_tokens,
                 seed=self.settings.seed + attempt,
+                first_sample=request.offset,
                 question=request.question,
                 metadata={"attempt": attempt},
             )
             with PLAN_LATENCY.time():
                 generation = await self.backend.generate(gen_request)
             usage += generation.cost()
-            for text in generation.texts:
+            candidates: list[Plan | str] = list(generation.texts)
+            if fmt == "draft":
+                candidates, cost = await self._read_drafts(
+                    gen_request, generation.texts, tools, feedback, names
+                )
+                usage += cost
+            for candidate in candidates:
                 try:
-                    plan = parse_plan(text, names)
+                    plan = (
+                        candidate if isinstance(candidate, Plan) else parse_plan(candidate, names)
+                    )
                 except PlanInvalid as exc:
                     PLANS.labels("invalid").inc()
                     errors.append(exc.message)
@@ -95,7 +158,7 @@ class PlannerService(ModelHost):
                     )
                     continue
                 key = plan.model_dump_json()
-                if key in seen:
+                if key in seen and request.distinct:
                     duplicates += 1
                     continue  # n > 1 asks for distinct plans: ask again for the rest
                 seen.add(key)

@@ -16,6 +16,7 @@ MAX_STEPS = 12
 MAX_STEP_INPUT_CHARS = 4000
 MAX_STATEMENT_CHARS = 8000
 MAX_CONTEXT_CHARS = 16000
+PLAN_REASONING_CHARS = 1000  # Plan.reasoning's bound on the wire
 STEP_ID_PATTERN = r"^s([1-9]|1[0-2])$"
 TOOL_NAME_PATTERN = r"^[a-z][a-z0-9_]{0,31}$"
 
@@ -48,7 +49,7 @@ class PlanStep(Wire):
 
 
 class Plan(Wire):
-    reasoning: Annotated[str, StringConstraints(max_length=1000)]
+    reasoning: Annotated[str, StringConstraints(max_length=PLAN_REASONING_CHARS)]
     steps: list[PlanStep] = Field(min_length=1, max_length=MAX_STEPS)
     answer_step: StepId
 
@@ -94,6 +95,12 @@ class StepResult(ToolRunResult):
 class PlanRequest(Wire):
     question: Question
     n: Annotated[int, Field(ge=1, le=8)] = 1
+    # Samples offset .. offset + n - 1 of the question: a second request for more samples
+    # (adaptive self-consistency) gets new ones, those one request for all would have had.
+    offset: Annotated[int, Field(ge=0, le=7)] = 0
+    # True: n different plans (a repeated sample is drawn again). False: n independent
+    # samples, repeats kept, as a vote over samples needs them.
+    distinct: bool = True
     temperature: Annotated[float, Field(ge=0, le=2)] | None = None
     tools: list[ToolSpec] | None = Field(default=None, max_length=32)
     feedback: Annotated[str, StringConstraints(max_length=MAX_CONTEXT_CHARS)] | None = None
@@ -143,6 +150,9 @@ class VerifyBatchResponse(Wire):
 
 class ReasonOptions(Wire):
     n_plans: Annotated[int, Field(ge=1, le=8)] = 1
+    # With n_plans > 1: draw a majority of the plans first and the rest only when the
+    # first ones' answers leave the vote open.
+    adaptive: bool = True
     verify: bool = True
     use_cache: bool = True
     deadline_s: Annotated[float, Field(ge=0.1, le=120)] = 30.0
@@ -166,7 +176,9 @@ class Timings(Wire):
 
 
 class Agreement(Wire):
-    """How the self-consistency vote went (present when more than one plan ran)."""
+    """How the self-consistency vote went (present when more than one plan ran): of the
+    served round's `plans` drawn (fewer than `n_plans` when the first ones settled the
+    vote), `agreeing` gave the served answer; `rounds` counts replanning rounds."""
 
     plans: int
     agreeing: int
@@ -203,8 +215,11 @@ class ErrorBody(Wire):
 TRACE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
 
 
-def plan_json_schema(tool_names: list[str]) -> dict[str, Any]:
+def plan_json_schema(tool_names: list[str], *, reasoning_chars: int = 300) -> dict[str, Any]:
     """The JSON schema handed to constrained decoders.
+
+    `reasoning_chars` bounds the free-text `reasoning` the model writes before the steps
+    (at most the wire bound, `PLAN_REASONING_CHARS`).
 
     Every string and array is bounded so a decoder that counts characters (GBNF, an
     OpenAI-compatible server) cannot run on to its token limit, and the tool field is an
@@ -216,7 +231,10 @@ def plan_json_schema(tool_names: list[str]) -> dict[str, Any]:
     return {
         "type": "object",
         "properties": {
-            "reasoning": {"type": "string", "maxLength": 300},
+            "reasoning": {
+                "type": "string",
+                "maxLength": min(reasoning_chars, PLAN_REASONING_CHARS),
+            },
             "steps": {
                 "type": "array",
                 "minItems": 1,

@@ -82,6 +82,10 @@ class PlannerSettings(CommonSettings):
     top_p: float = Field(default=0.85, gt=0, le=1)
     max_tokens: int = Field(default=512, ge=32, le=4096)
     max_attempts: int = Field(default=3, ge=1, le=8)
+    # How the model writes its plan (planner.prompting): `json` under the grammar with a
+    # one-sentence `reasoning`, `reasoning` with a longer one, `draft` free thinking and a
+    # program first, turned into the plan by the planner. docs/benchmarks/plan_format.md
+    plan_format: Literal["json", "reasoning", "draft"] = "json"
     seed: int = 0
     n_ctx: int = Field(default=4096, ge=512)
     # llama.cpp only: threads for one-token steps (None: one core fewer than the machine
@@ -150,6 +154,13 @@ class OrchestratorSettings(CommonSettings):
     database_url: str | None = None
     sqlite_path: Path | None = None
     max_replans: int = Field(default=2, ge=0, le=5)
+    # Why a round is replanned (orchestrator.service): its plans gave no answer
+    # (`no_answer`), the verifier rejected the answer (`rejected`), fewer than half of the
+    # round's plans agree with it (`low_agreement`). As JSON: ["no_answer"].
+    replan_on: list[Literal["no_answer", "rejected", "low_agreement"]] = [
+        "no_answer",
+        "rejected",
+    ]
     # API keys -> tenant, as JSON: {"key": "tenant"}. Empty = no auth, tenant "default".
     api_keys: dict[str, str] = Field(default_factory=dict)
     # Per tenant (with no API keys: every caller together is the one tenant "default"):

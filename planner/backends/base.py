@@ -8,18 +8,32 @@ from typing import Any, Protocol
 
 @dataclass
 class GenerationRequest:
-    """One constrained generation: chat messages in, `n` JSON texts out."""
+    """One generation: chat messages in, `n` texts out, each held to `json_schema` (None:
+    free text, e.g. a draft the planner turns into a plan itself)."""
 
     messages: list[dict[str, str]]
-    json_schema: dict[str, Any]
+    json_schema: dict[str, Any] | None
     n: int = 1
     temperature: float = 0.3
     top_p: float = 0.85
     max_tokens: int = 512
     seed: int | None = None
+    # Index of the first sample asked for: samples first_sample .. first_sample + n - 1 of
+    # the same request, so a second call for more samples draws new ones (the seeds a
+    # single call for all of them would have used).
+    first_sample: int = 0
     # Free-form hints for scripted backends in tests; real backends ignore them.
     question: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)
+
+
+SEED_STRIDE = 7919  # the k-th sample's seed: seed + k * stride (a prime, so they differ)
+
+
+def sample_seeds(request: GenerationRequest, default: int) -> list[int]:
+    """The seed of each sample `request` asks for."""
+    base = request.seed if request.seed is not None else default
+    return [base + (request.first_sample + k) * SEED_STRIDE for k in range(request.n)]
 
 
 @dataclass
@@ -87,6 +101,7 @@ class PlanBackend(Protocol):
         """Load the model; raise with a clear message when it cannot be loaded."""
 
     async def generate(self, request: GenerationRequest) -> Generation:
-        """Return `request.n` completions, each constrained to `request.json_schema`."""
+        """Return `request.n` completions, each constrained to `request.json_schema` (free
+        text when it is None)."""
 
     async def close(self) -> None: ...

@@ -34,7 +34,7 @@ from typing import Any
 
 import structlog
 
-from planner.backends.base import Generation, GenerationRequest, Usage
+from planner.backends.base import Generation, GenerationRequest, Usage, sample_seeds
 from planner.backends.llamacpp_engine import (
     BatchEngine,
     EngineClosed,
@@ -53,9 +53,6 @@ log = structlog.get_logger(__name__)
 
 class GenerationCancelled(RuntimeError):
     """The request that asked for this generation went away; the model is free again."""
-
-
-SEED_STRIDE = 7919  # seeds of the k-th sample: seed + k * stride (a prime, so they differ)
 
 
 @dataclass
@@ -200,7 +197,9 @@ class LlamaCppBackend:
     ) -> None:
         self.settings = settings
         self.model = settings.model_path.name if settings.model_path else settings.model
-        # Unconstrained decoding exists only to measure what the grammar costs.
+        # False: every generation is free text (what the grammar costs is measured against
+        # it, and the evaluation's `direct` mode uses it). True: a request without a
+        # schema (a draft) is still free text.
         self.constrained = constrained
         self.grammar_engine = settings.grammar_engine
         self.extra_buffers = use_extra_buffers(settings.extra_buffers)
@@ -349,14 +348,18 @@ class LlamaCppBackend:
             self._grammars[key] = grammar
         return grammar
 
+    def _grammar_for(self, request: GenerationRequest) -> Any:
+        if not self.constrained or request.json_schema is None:
+            return None
+        return self.grammar(request.json_schema)
+
     async def _generate_batched(
         self, engine: BatchEngine, request: GenerationRequest
     ) -> Generation:
         """The n samples as jobs of up to `max_batch` sequences in the shared engine;
         sample k has the seed the sequential path gives it."""
-        grammar = self.grammar(request.json_schema) if self.constrained else None
-        base_seed = request.seed if request.seed is not None else self.settings.seed
-        seeds = [base_seed + k * SEED_STRIDE for k in range(request.n)]
+        grammar = self._grammar_for(request)
+        seeds = sample_seeds(request, self.settings.seed)
         loop = asyncio.get_running_loop()
         started = time.perf_counter()
         jobs: list[Job] = []
@@ -470,10 +473,10 @@ class LlamaCppBackend:
     ) -> Generation:
         from llama_cpp import llama_cpp as lib
 
-        grammar = self.grammar(request.json_schema) if self.constrained else None
+        grammar = self._grammar_for(request)
         stats = GenerationStats()
         texts: list[str] = []
-        base_seed = request.seed if request.seed is not None else self.settings.seed
+        seeds = sample_seeds(request, self.settings.seed)
         with self._thread_lock:
             llm = self._llm
             if llm is None:
@@ -493,7 +496,7 @@ class LlamaCppBackend:
                     temperature=request.temperature,
                     top_p=request.top_p,
                     max_tokens=request.max_tokens,
-                    seed=base_seed + k * SEED_STRIDE,
+                    seed=seeds[k],
                     stream=True,
                 )
                 parts: list[str] = []

@@ -15,7 +15,7 @@ from typing import Any
 import httpx
 import structlog
 
-from planner.backends.base import Generation, GenerationRequest
+from planner.backends.base import Generation, GenerationRequest, sample_seeds
 from services.errors import DependencyUnavailable, NotReady
 from services.settings import PlannerSettings
 
@@ -110,13 +110,13 @@ class OpenAIBackend:
             "top_p": request.top_p,
             "max_tokens": request.max_tokens,
         }
-        if self.constrained:
+        if self.constrained and request.json_schema is not None:
             payload["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "plan", "schema": request.json_schema, "strict": True},
             }
-        if request.seed is not None:
-            payload["seed"] = request.seed
+        if request.seed is not None:  # one seed for the n samples: the first one's
+            payload["seed"] = sample_seeds(request, request.seed)[0]
         body = await self._request("POST", "/chat/completions", json=payload)
         choices = body.get("choices")
         if not isinstance(choices, list) or not choices:

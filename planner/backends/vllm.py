@@ -26,7 +26,7 @@ from typing import Any
 
 import structlog
 
-from planner.backends.base import Generation, GenerationRequest
+from planner.backends.base import Generation, GenerationRequest, sample_seeds
 from planner.backends.schema_constraint import schema_grammar
 from services.errors import DependencyUnavailable, InvalidRequest, NotReady
 from services.settings import PlannerSettings
@@ -169,9 +169,11 @@ class VllmBackend:
             temperature=request.temperature,
             top_p=request.top_p,
             max_tokens=max_tokens,
-            seed=request.seed,
+            seed=None if request.seed is None else sample_seeds(request, request.seed)[0],
             # Compact JSON: whitespace between tokens is only wasted decode steps.
-            structured_outputs=StructuredOutputsParams(grammar=schema_grammar(request.json_schema)),
+            structured_outputs=StructuredOutputsParams(grammar=schema_grammar(request.json_schema))
+            if request.json_schema is not None
+            else None,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 

@@ -65,3 +65,11 @@ def test_integral_values_come_back_as_int() -> None:
 )
 def test_tolerance(predicted: float | None, gold: float | None, ok: bool) -> None:
     assert is_correct(predicted, gold) is ok
+
+
+def test_an_integer_past_the_float_range_is_scored_not_raised() -> None:
+    """A model's program can print 10**400; scoring it must not raise OverflowError."""
+    huge = extract_number("1" + "0" * 400)
+    assert isinstance(huge, int)
+    assert is_correct(huge, 34) is False
+    assert is_correct(huge, huge) is True

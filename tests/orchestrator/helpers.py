@@ -117,8 +117,17 @@ class FakePlanner:
             if self.mode == "raw":
                 return JSONResponse(self.raw)
             rounds = self.script[body["question"]]
-            done = sum(1 for r in self.requests if r["question"] == body["question"]) - 1
-            plans = rounds[min(done, len(rounds) - 1)][: body.get("n", 1)]
+            # a request for more samples of the same round (`offset`) is not a new round
+            done = (
+                sum(
+                    1
+                    for r in self.requests
+                    if r["question"] == body["question"] and not r.get("offset")
+                )
+                - 1
+            )
+            offset = body.get("offset", 0)
+            plans = rounds[min(done, len(rounds) - 1)][offset : offset + body.get("n", 1)]
             return {"plans": plans, "model": "fake", "backend": "fake", "latency_ms": 1.0}
 
         return app

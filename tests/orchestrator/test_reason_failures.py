@@ -159,22 +159,25 @@ def test_the_served_rounds_vote_is_the_one_reported(tmp_path) -> None:
     verifier = FakeVerifier(by_answer={"5": 0.4, "7": 0.3, "4": 0.2, "2": 0.1})
     with orchestrator_stack(tmp_path, planner, verifier, max_replans=1) as url:
         body = ask(url, "q", n_plans=3, use_cache=False)[0].json()
-        # both rounds rejected; round 1's winner (0.4) is trusted more than round 2's (0.3)
+        # both rounds rejected; round 1's winner (agreed on, 0.4) is trusted more than
+        # round 2's; its first two plans agreed, which settles a vote of three
         assert body["answer"] == "5" and body["verdict"] == "rejected"
-        assert body["agreement"] == {"plans": 3, "agreeing": 3, "rounds": 2}
+        assert body["agreement"] == {"plans": 2, "agreeing": 2, "rounds": 2}
 
 
-def test_self_consistency_votes_by_verifier_confidence(tmp_path) -> None:
-    plans = [plan(("s1", "calc", e, [])) for e in ("2*2", "8/2", "2+3", "1+3")]
+def test_self_consistency_counts_executed_answers(tmp_path) -> None:
+    plans = [plan(("s1", "calc", e, [])) for e in ("2*2", "2+3", "1+3", "8/2")]
     planner = FakePlanner({"q": [plans]})
     verifier = FakeVerifier(by_answer={"4": 0.6, "5": 0.9})
     with orchestrator_stack(tmp_path, planner, verifier) as url:
         body = ask(url, "q", n_plans=4)[0].json()
-        # 3 x 0.6 for "4" beats 1 x 0.9 for "5"
-        assert body["answer"] == "4"
+        # three plans say 4, one says 5: the count decides, not the verifier's 0.9
+        assert body["answer"] == "4" and body["confidence"] == pytest.approx(0.6)
         assert body["agreement"] == {"plans": 4, "agreeing": 3, "rounds": 1}
-        assert planner.requests[0]["n"] == 4
-        assert verifier.calls == 1  # one batch call for the distinct answers
+        # a majority (3) first; 4, 5, 4 leave it open, so the fourth is drawn
+        assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(3, 0), (1, 3)]
+        assert all(r["distinct"] is False for r in planner.requests)
+        assert verifier.calls == 1  # only the leading answer is verified
 
 
 def test_plans_run_concurrently(tmp_path) -> None:

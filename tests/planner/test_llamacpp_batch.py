@@ -135,7 +135,7 @@ def test_the_same_seeds_give_the_same_plans(backend: Any) -> None:
 
 @pytest.mark.parametrize("temperature", [0.0, 0.7])
 def test_sample_k_of_a_batch_is_what_its_seed_gives_alone(backend: Any, temperature: float) -> None:
-    from planner.backends.llamacpp import SEED_STRIDE
+    from planner.backends.base import SEED_STRIDE
 
     two = run(backend, request(2, temperature=temperature)).texts
     for k, text in enumerate(two):

@@ -356,3 +356,24 @@ async def test_a_backend_without_usage_still_logs_its_token_counts() -> None:
         await service.plan(PlanRequest(question="What is 1 + 1?"))
     [line] = [e for e in logs if e["event"] == "plans generated"]
     assert line["gen_ai.usage.input_tokens"] == 7 and line["gen_ai.usage.output_tokens"] == 3
+
+
+async def test_a_vote_gets_repeated_samples_and_more_samples_get_new_seeds() -> None:
+    """`distinct=False` keeps repeats (a vote needs independent samples); `offset` asks
+    for the samples after the first ones, with the seeds one request for all would use."""
+    from planner.backends.base import sample_seeds
+
+    same = json.dumps(plan())
+    backend = SequenceBackend([[same, same, same]])
+    service = await ready_service(backend)
+    response = await service.plan(PlanRequest(question="q", n=3, distinct=False))
+    assert len(response.plans) == 3 and len(backend.requests) == 1
+    await service.plan(PlanRequest(question="q", n=2, offset=3, distinct=False))
+    more = backend.requests[-1]
+    assert more.first_sample == 3 and more.n == 2
+    whole = GenerationRequest(messages=[], json_schema=None, n=5, seed=more.seed)
+    assert sample_seeds(more, 0) == sample_seeds(whole, 0)[3:]
+    # the default still asks for distinct plans: repeats are drawn again
+    backend.requests.clear()
+    await service.plan(PlanRequest(question="q", n=3))
+    assert len(backend.requests) > 1

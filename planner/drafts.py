@@ -1,0 +1,70 @@
+"""Read a plan out of a free-text draft (the `draft` plan format).
+
+A draft is model output: a few sentences of thinking, then either a python code block
+(the program of a one-step python plan) or a JSON code block holding a whole plan. What
+comes out is validated like any plan (schema and DAG); a draft that holds neither is
+refused with `PlanInvalid`, and the planner transcribes it under the grammar instead.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Collection
+
+from services.errors import PlanInvalid
+from services.plans import check_plan, parse_plan
+from services.schemas import MAX_STEP_INPUT_CHARS, PLAN_REASONING_CHARS, Plan, PlanStep
+
+# A fenced block; the closing fence may be missing when the draft ran to its token limit
+# or the model stopped right after the code.
+_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
+_PYTHON = {"python", "py", "python3"}
+MAX_DRAFT_CHARS = 20_000  # longer than any completion the token limit allows
+
+
+def plan_from_draft(text: str, tool_names: Collection[str]) -> Plan:
+    """The plan a draft states, or `PlanInvalid` saying why there is none.
+
+    The thinking before the first code block becomes the plan's `reasoning`. The last
+    python block is the program (a model that revises its code writes the revision
+    last); a JSON block is read as the whole plan.
+    """
+    if len(text) > MAX_DRAFT_CHARS:
+        raise PlanInvalid("the draft is too long to read")
+    blocks = [(m.group(1).lower(), m.group(2), m.start()) for m in _FENCE.finditer(text)]
+    if not blocks:
+        stripped = text.strip()
+        if stripped.startswith("{"):  # a bare JSON plan instead of a draft
+            return parse_plan(stripped, tool_names)
+        raise PlanInvalid("the draft has no code block")
+    reasoning = _reasoning(text[: blocks[0][2]])
+    python = [body for lang, body, _ in blocks if lang in _PYTHON and body.strip()]
+    if python and "python" in tool_names:
+        code = python[-1].strip("\n")
+        if len(code) > MAX_STEP_INPUT_CHARS:
+            raise PlanInvalid(
+                f"the draft's program is longer than {MAX_STEP_INPUT_CHARS} characters"
+            )
+        plan = Plan(
+            reasoning=reasoning,
+            steps=[PlanStep(id="s1", tool="python", input=code, depends_on=[])],
+            answer_step="s1",
+        )
+        check_plan(plan, tool_names)
+        return plan
+    for lang, body, _ in reversed(blocks):
+        if lang == "json" or body.lstrip().startswith("{"):
+            plan = parse_plan(body.strip(), tool_names)
+            if not plan.reasoning.strip() and reasoning:
+                plan = plan.model_copy(update={"reasoning": reasoning})
+            return plan
+    raise PlanInvalid("the draft has no python program and no JSON plan")
+
+
+def _reasoning(text: str) -> str:
+    """The draft's thinking as one line, cut at a word boundary to the wire bound."""
+    words = " ".join(text.split())
+    if len(words) <= PLAN_REASONING_CHARS:
+        return words
+    cut = words[: PLAN_REASONING_CHARS - 1].rsplit(" ", 1)[0]
+    return cut + "…"

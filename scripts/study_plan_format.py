@@ -1,0 +1,213 @@
+"""Plan-format study: which way of asking for the plan gives right answers, and at what cost.
+
+On the GSM8K train dev split (`evals/splits/gsm8k-train-dev.jsonl`, never test), for one
+planner model loaded once in-process, every item is run in every arm:
+
+- a plan format (`json`, `reasoning`, `draft`; planner.prompting): the planner service
+  makes one plan (`n=1`, the service's own sampling settings), and the orchestrator's
+  real tools execute it (python in the sandbox, calc, ...);
+- `direct`: the same model answers with chain-of-thought (the evaluation's `direct`
+  prompt, greedy), no tools.
+
+The answer is scored with the evaluation's rule (evals.extract). Items run in chunks of
+`--chunk` (10), every arm over one chunk before the next chunk, so a stopped run covers
+nearly the same items in every arm, while the planner's cached prompt prefix (one per
+format) is evaluated once per chunk and arm, not on every switch of arm. One JSON line per
+(item, arm) is appended as it finishes; rerunning resumes.
+
+    .venv/bin/python scripts/study_plan_format.py --model qwen2.5-coder-1.5b-instruct \
+        --limit 60 --out docs/benchmarks/results/plan_format-1.5b.jsonl
+    .venv/bin/python scripts/study_plan_format.py --report docs/benchmarks/results/plan_format-1.5b.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import platform
+import sys
+import time
+from contextlib import AsyncExitStack
+from pathlib import Path
+from typing import Any
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from evals.data import iter_results, load_items  # noqa: E402
+from evals.extract import extract_number, is_correct  # noqa: E402
+from evals.modes import DirectRunner  # noqa: E402
+from evals.stats import percentile, wilson_interval  # noqa: E402
+from planner.prompting import PLAN_FORMATS  # noqa: E402
+from planner.service import PlannerService  # noqa: E402
+from services.errors import ServiceError  # noqa: E402
+from services.schemas import PlanRequest  # noqa: E402
+from services.settings import OrchestratorSettings, PlannerSettings  # noqa: E402
+
+DEV = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
+ARMS = (*PLAN_FORMATS, "direct")
+
+
+async def make_executor(stack: AsyncExitStack) -> Any:
+    from orchestrator.cache import MemoryCache
+    from orchestrator.executor import PlanExecutor
+    from orchestrator.tools import build_registry
+
+    registry = await build_registry(OrchestratorSettings(), MemoryCache(), stack)
+    return PlanExecutor(registry)
+
+
+class Usage:
+    """Wraps the backend to count what each arm's generations cost."""
+
+    def __init__(self, backend: Any) -> None:
+        self.backend = backend
+        self.name, self.model = backend.name, backend.model
+        self.calls = 0
+        self.completion_tokens = 0
+
+    async def load(self) -> None:
+        await self.backend.load()
+
+    async def close(self) -> None:
+        await self.backend.close()
+
+    async def generate(self, request: Any) -> Any:
+        generation = await self.backend.generate(request)
+        self.calls += 1
+        self.completion_tokens += generation.completion_tokens
+        return generation
+
+    def take(self) -> tuple[int, int]:
+        out = (self.calls, self.completion_tokens)
+        self.calls = self.completion_tokens = 0
+        return out
+
+
+async def run(args: argparse.Namespace) -> None:
+    from planner.backends.llamacpp import LlamaCppBackend
+
+    items = load_items(args.data, limit=args.limit)
+    done = (
+        {(r.get("arm"), r.get("id")) for r in iter_results(args.out)}
+        if args.out.exists()
+        else set()
+    )
+    settings = PlannerSettings(
+        backend="llamacpp", model=args.model, n_threads=args.threads, seed=args.seed
+    )
+    backend = Usage(LlamaCppBackend(settings))
+    await backend.load()
+    services = {
+        fmt: PlannerService(backend, settings.model_copy(update={"plan_format": fmt}))
+        for fmt in PLAN_FORMATS
+    }
+    for service in services.values():
+        await service.load()  # the backend is loaded once; this marks each service ready
+    direct = DirectRunner(backend, dataset="gsm8k-train-dev")
+    meta = {"model": args.model, "machine": f"{platform.machine()} {platform.processor()}"}
+    loop = asyncio.get_running_loop()
+    async with AsyncExitStack() as stack:
+        executor = await make_executor(stack)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        chunks = [items[i : i + args.chunk] for i in range(0, len(items), args.chunk)]
+        for chunk, arm in ((c, a) for c in chunks for a in args.arms):
+            for item in chunk:
+                if (arm, item.id) in done:
+                    continue
+                backend.take()
+                started = time.perf_counter()
+                record: dict[str, Any] = {
+                    "arm": arm,
+                    "mode": arm,
+                    "id": item.id,
+                    "gold": item.gold,
+                    **meta,
+                }
+                if arm == "direct":
+                    result = await direct(item)
+                    record.update(answer=result["answer_text"], predicted=result["predicted"])
+                else:
+                    try:
+                        response = await services[arm].plan(PlanRequest(question=item.question))
+                        plan = response.plans[0]
+                        execution = await executor.run(plan, deadline=loop.time() + 30)
+                        record.update(
+                            answer=execution.answer,
+                            predicted=extract_number(execution.answer),
+                            steps=[s.status for s in execution.steps],
+                            plan=plan.model_dump(),
+                        )
+                    except ServiceError as exc:
+                        record.update(answer=None, predicted=None, error=exc.message)
+                record["correct"] = is_correct(record["predicted"], item.gold)
+                record["seconds"] = round(time.perf_counter() - started, 3)
+                record["calls"], record["completion_tokens"] = backend.take()
+                with args.out.open("a", encoding="utf-8") as f:
+                    f.write(json.dumps(record) + "\n")
+                print(
+                    f"{item.id} {arm:9s} {'ok ' if record['correct'] else 'bad'} "
+                    f"{record['seconds']:6.1f}s {record['completion_tokens']:4d} tok",
+                    flush=True,
+                )
+    await backend.close()
+
+
+def report(paths: list[Path]) -> str:
+    rows = [r for p in paths for r in iter_results(p)]
+    by_arm: dict[str, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by_arm.setdefault(r["arm"], {})[r["id"]] = r
+    common = set.intersection(*(set(v) for v in by_arm.values())) if by_arm else set()
+    lines = [
+        f"Items run in every arm: {len(common)}.",
+        "",
+        "| arm | right | accuracy [Wilson 95%] | seconds P50 / P95 | tokens (mean) | "
+        "model calls (mean) | vs direct (+rescued / −lost) |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    direct = by_arm.get("direct", {})
+    for arm in ARMS:
+        if arm not in by_arm:
+            continue
+        got = [by_arm[arm][i] for i in sorted(common)]
+        right = sum(r["correct"] for r in got)
+        lo, hi = wilson_interval(right, len(got))
+        secs = [r["seconds"] for r in got]
+        tokens = sum(r["completion_tokens"] for r in got) / max(len(got), 1)
+        calls = sum(r["calls"] for r in got) / max(len(got), 1)
+        if direct and arm != "direct":
+            up = sum(by_arm[arm][i]["correct"] and not direct[i]["correct"] for i in common)
+            down = sum(direct[i]["correct"] and not by_arm[arm][i]["correct"] for i in common)
+            paired = f"+{up} / −{down}"
+        else:
+            paired = ""
+        lines.append(
+            f"| {arm} | {right}/{len(got)} | {100 * right / max(len(got), 1):.1f}% "
+            f"[{100 * lo:.1f}, {100 * hi:.1f}] | {percentile(secs, 50):.1f} / "
+            f"{percentile(secs, 95):.1f} | {tokens:.0f} | {calls:.2f} | {paired} |"
+        )
+    return "\n".join(lines)
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
+    parser.add_argument("--data", type=Path, default=DEV)
+    parser.add_argument("--limit", type=int, default=60)
+    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument("--chunk", type=int, default=10)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", type=Path, default=REPO / "var" / "plan_format.jsonl")
+    parser.add_argument("--report", type=Path, nargs="+", help="print the table of these runs")
+    return parser.parse_args(argv)
+
+
+if __name__ == "__main__":
+    arguments = parse_args()
+    if arguments.report:
+        print(report(arguments.report))
+    else:
+        asyncio.run(run(arguments))

@@ -1,0 +1,46 @@
+"""The GSM8K train dev split is what its script writes, and holds no item a prompt shows
+or a report scores."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+REPO = Path(__file__).resolve().parents[2]
+GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k"
+SPLIT = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location(
+        "make_dev_split", REPO / "scripts" / "make_dev_split.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    assert spec.loader is not None
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_committed_split_is_the_scripts_output_and_apart_from_test() -> None:
+    if not (GSM8K / "train.norm.jsonl").exists():
+        pytest.skip("GSM8K is not at ../shared/datasets")
+    script = load_script()
+    assert SPLIT.read_text(encoding="utf-8") == script.render(script.dev_split())
+    rows = [json.loads(line) for line in SPLIT.read_text(encoding="utf-8").split("\n") if line]
+    assert len(rows) == script.SIZE == len({r["id"] for r in rows})
+    assert all(r["id"].startswith("gsm8k-train-") for r in rows)
+    test = {
+        json.loads(line)["question"]
+        for line in (GSM8K / "test.norm.jsonl").read_text(encoding="utf-8").split("\n")
+        if line
+    }
+    from evals.modes import direct_prompt
+    from planner.prompting import few_shot
+
+    shown = {e["question"] for e in few_shot()} | {q for q, _ in direct_prompt().examples}
+    assert not {r["question"] for r in rows} & (test | shown)

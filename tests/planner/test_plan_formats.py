@@ -1,0 +1,269 @@
+"""Plan formats: how each asks for the plan, how a draft becomes a plan, and the planner's
+draft path (read the draft, or transcribe it under the grammar when it cannot be read)."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from planner.backends.base import Generation, GenerationRequest
+from planner.drafts import MAX_DRAFT_CHARS, plan_from_draft
+from planner.prompting import (
+    PLAN_FORMATS,
+    build_messages,
+    few_shot,
+    render_example,
+    system_template,
+    transcription_messages,
+)
+from planner.service import PlannerService
+from services.errors import PlanInvalid, PlanningFailed
+from services.plans import parse_plan
+from services.schemas import PLAN_REASONING_CHARS, Plan, PlanRequest, plan_json_schema
+from services.settings import PlannerSettings
+from services.toolspecs import DEFAULT_TOOLS, tool_names
+
+pytestmark = pytest.mark.unit
+
+NAMES = tool_names()
+CODE = "apples = 3\npears = 4\nresult = apples + pears"
+DRAFT = f"She has 3 apples and 4 pears; add them.\n\n```python\n{CODE}\n```"
+
+
+# --------------------------------------------------------------------------- prompts
+
+
+def test_the_json_format_is_the_one_sentence_plan_prompt() -> None:
+    system = system_template("json")
+    assert "computes the answer, as one JSON object." in system
+    assert '- "reasoning": one short sentence on how to get the answer.' in system
+    assert "{format}" not in system and "{reasoning}" not in system and "{tools}" in system
+
+
+def test_the_reasoning_format_asks_for_thinking_and_allows_it_in_the_schema() -> None:
+    system = system_template("reasoning")
+    assert "think the problem through first" in system
+    assert plan_json_schema(NAMES)["properties"]["reasoning"]["maxLength"] == 300
+    long = plan_json_schema(NAMES, reasoning_chars=PLAN_REASONING_CHARS)
+    assert long["properties"]["reasoning"]["maxLength"] == PLAN_REASONING_CHARS
+    # never past the wire's own bound
+    assert (
+        plan_json_schema(NAMES, reasoning_chars=10**6)["properties"]["reasoning"]["maxLength"]
+        == PLAN_REASONING_CHARS
+    )
+
+
+def test_the_draft_format_keeps_the_tool_list_and_its_braces() -> None:
+    messages = build_messages("q", list(DEFAULT_TOOLS), fmt="draft")
+    system = messages[0]["content"]
+    assert "```python" in system and '"answer_step"' in system
+    for spec in DEFAULT_TOOLS:
+        assert f"- {spec.name}: {spec.description}" in system
+
+
+@pytest.mark.parametrize("fmt", PLAN_FORMATS)
+def test_every_example_reads_back_as_its_plan(fmt: str) -> None:
+    """What the model is shown is what the planner reads: each example, rendered in the
+    format, gives back the example's steps (and, for the long formats, its thinking)."""
+    assert all(example["thought"].strip() for example in few_shot())
+    for example in few_shot():
+        text = render_example(example, fmt)  # type: ignore[arg-type]
+        plan = plan_from_draft(text, NAMES) if fmt == "draft" else parse_plan(text, NAMES)
+        expected = Plan.model_validate(example["plan"])
+        assert plan.steps == expected.steps and plan.answer_step == expected.answer_step
+        if fmt != "json":
+            assert plan.reasoning == " ".join(example["thought"].split())
+
+
+def test_transcription_shares_the_draft_prompt_prefix() -> None:
+    """The transcription pass differs from the draft pass only in its last message, so
+    the engine's cached prefix serves both."""
+    tools = list(DEFAULT_TOOLS)
+    first = build_messages("How many?", tools, fmt="draft")
+    second = transcription_messages("How many?", tools, DRAFT)
+    assert second[:-1] == first[:-1]
+    assert second[-1]["content"].startswith("How many?") and CODE in second[-1]["content"]
+
+
+# --------------------------------------------------------------------------- drafts
+
+
+def test_a_python_draft_is_a_one_step_python_plan() -> None:
+    plan = plan_from_draft(DRAFT, NAMES)
+    assert plan.reasoning == "She has 3 apples and 4 pears; add them."
+    assert [(s.id, s.tool, s.input, s.depends_on) for s in plan.steps] == [
+        ("s1", "python", CODE, [])
+    ]
+    assert plan.answer_step == "s1"
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        f"Add them.\n```python\n{CODE}",  # ran out before the closing fence
+        f"Add them.\n```py\n{CODE}\n```\nThis adds the fruit.",  # chat after the code
+        f"Add them.\n```python\nresult = 0\n```\nFixed:\n```python\n{CODE}\n```",  # revised
+    ],
+)
+def test_drafts_the_way_models_write_them(text: str) -> None:
+    plan = plan_from_draft(text, NAMES)
+    assert plan.steps[0].input == CODE and plan.reasoning == "Add them."
+
+
+def test_a_json_block_or_a_bare_plan_is_read_as_the_plan() -> None:
+    body = {
+        "reasoning": "",
+        "steps": [{"id": "s1", "tool": "lookup", "input": "capital of France", "depends_on": []}],
+        "answer_step": "s1",
+    }
+    plan = plan_from_draft(f"Look it up.\n```json\n{json.dumps(body)}\n```", NAMES)
+    assert plan.steps[0].tool == "lookup" and plan.reasoning == "Look it up."
+    assert plan_from_draft(json.dumps(body), NAMES).steps[0].tool == "lookup"
+
+
+@pytest.mark.parametrize(
+    ("text", "names", "why"),
+    [
+        ("The answer is 7.", NAMES, "no code block"),
+        (DRAFT, ["calc", "lookup"], "no python program"),
+        (
+            '```json\n{"reasoning": "", "steps": [{"id": "s1", "tool": "shell", '
+            '"input": "rm -rf /", "depends_on": []}], "answer_step": "s1"}\n```',
+            NAMES,
+            "unknown tool",
+        ),
+        ('```json\n{"reasoning": "x", "steps": [}\n```', NAMES, "not valid JSON"),
+        ("```python\n" + "x = 1\n" * 1000 + "```", NAMES, "longer than"),
+        ("x" * (MAX_DRAFT_CHARS + 1), NAMES, "too long"),
+    ],
+)
+def test_a_draft_without_a_usable_plan_is_refused(text: str, names: list[str], why: str) -> None:
+    with pytest.raises(PlanInvalid, match=why):
+        plan_from_draft(text, names)
+
+
+def test_long_thinking_is_cut_to_the_wire_bound_at_a_word() -> None:
+    plan = plan_from_draft("word " * 400 + f"\n```python\n{CODE}\n```", NAMES)
+    assert len(plan.reasoning) <= PLAN_REASONING_CHARS
+    assert plan.reasoning.endswith("word…")
+
+
+# --------------------------------------------------------------------------- service
+
+
+class Backend:
+    """Answers by whether the request is held to a schema: drafts for free text, the
+    prepared JSON for constrained passes; keeps every request."""
+
+    name = "fake"
+    model = "fake"
+
+    def __init__(self, drafts: list[str], plans: list[str] | None = None) -> None:
+        self.drafts = drafts
+        self.plans = plans or []
+        self.requests: list[GenerationRequest] = []
+
+    async def load(self) -> None: ...
+
+    async def close(self) -> None: ...
+
+    async def generate(self, request: GenerationRequest) -> Generation:
+        self.requests.append(request)
+        source = self.drafts if request.json_schema is None else self.plans
+        return Generation(source[: request.n], prompt_tokens=10, completion_tokens=5)
+
+
+async def draft_service(backend: Any, **settings: Any) -> PlannerService:
+    service = PlannerService(backend, PlannerSettings(plan_format="draft", **settings))
+    await service.load()
+    return service
+
+
+async def test_the_draft_format_reads_the_plan_without_a_second_pass() -> None:
+    backend = Backend([DRAFT])
+    service = await draft_service(backend)
+    response = await service.plan(PlanRequest(question="How much fruit?"))
+    assert [r.json_schema for r in backend.requests] == [None]
+    assert response.plans[0].steps[0].input == CODE
+    assert (
+        backend.requests[0].messages[0]["content"]
+        == build_messages("How much fruit?", list(DEFAULT_TOOLS), fmt="draft")[0]["content"]
+    )
+
+
+async def test_an_unreadable_draft_is_transcribed_under_the_grammar() -> None:
+    transcribed = json.dumps(
+        {
+            "reasoning": "add",
+            "steps": [{"id": "s1", "tool": "calc", "input": "3 + 4", "depends_on": []}],
+            "answer_step": "s1",
+        }
+    )
+    backend = Backend(["Three apples and four pears make 3 + 4."], [transcribed])
+    service = await draft_service(backend)
+    response = await service.plan(PlanRequest(question="How much fruit?"))
+    first, second = backend.requests
+    assert first.json_schema is None
+    assert second.json_schema == plan_json_schema(NAMES)
+    assert second.temperature == 0.0 and second.n == 1
+    assert "Three apples and four pears" in second.messages[-1]["content"]
+    assert second.messages[:-1] == first.messages[:-1]
+    assert response.plans[0].steps[0].tool == "calc"
+
+
+async def test_n_drafts_are_read_each_and_only_the_unreadable_ones_transcribed() -> None:
+    other = DRAFT.replace("apples + pears", "pears + apples")
+    backend = Backend(
+        [DRAFT, "no code here", other],
+        [
+            json.dumps(
+                {
+                    "reasoning": "add",
+                    "steps": [{"id": "s1", "tool": "calc", "input": "3 + 4", "depends_on": []}],
+                    "answer_step": "s1",
+                }
+            )
+        ],
+    )
+    service = await draft_service(backend)
+    response = await service.plan(PlanRequest(question="How much fruit?", n=3))
+    assert [r.json_schema is None for r in backend.requests] == [True, False]
+    assert [p.steps[0].tool for p in response.plans] == ["python", "calc", "python"]
+
+
+async def test_drafts_that_never_give_a_plan_fail_the_request_after_the_attempts() -> None:
+    backend = Backend(["no code"], ["not json either"])
+    service = await draft_service(backend, max_attempts=2)
+    with pytest.raises(PlanningFailed):
+        await service.plan(PlanRequest(question="How much fruit?"))
+    # each attempt: one draft, one transcription
+    assert [r.json_schema is None for r in backend.requests] == [True, False, True, False]
+
+
+async def test_a_failed_transcription_pass_stops_the_others() -> None:
+    import asyncio
+
+    cancelled: list[bool] = []
+
+    class Failing(Backend):
+        async def generate(self, request: GenerationRequest) -> Generation:
+            if request.json_schema is None:
+                return Generation(["one", "two"])
+            k = request.metadata["transcription"]
+            if k == 0:
+                await asyncio.sleep(0.01)
+                raise RuntimeError("engine failed")
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                cancelled.append(True)
+                raise
+            return Generation(["{}"])
+
+    service = await draft_service(Failing([]))
+    with pytest.raises(RuntimeError, match="engine failed"):
+        await service.plan(PlanRequest(question="q", n=2))
+    await asyncio.sleep(0)
+    assert cancelled == [True]
