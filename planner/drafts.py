@@ -8,6 +8,7 @@ refused with `PlanInvalid`, and the planner transcribes it under the grammar ins
 
 from __future__ import annotations
 
+import ast
 import re
 from collections.abc import Collection
 
@@ -17,32 +18,55 @@ from services.schemas import MAX_STEP_INPUT_CHARS, PLAN_REASONING_CHARS, Plan, P
 
 # A fenced block; the closing fence may be missing when the draft ran to its token limit
 # or the model stopped right after the code.
-_FENCE = re.compile(r"```[ \t]*([A-Za-z0-9_+-]*)[ \t]*\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
+# The info string is anything up to the end of the fence's line (no nested quantifiers:
+# a hostile draft cannot make the match backtrack).
+_FENCE = re.compile(r"```([^\n`]*)\n(.*?)(?:\n[ \t]*```|\Z)", re.DOTALL)
 _PYTHON = {"python", "py", "python3"}
 MAX_DRAFT_CHARS = 20_000  # longer than any completion the token limit allows
+# A draft's generation ends where its first code block closes: what a model writes after
+# its program (an explanation, an example run) is never read, only paid for.
+DRAFT_STOP = ("\n```\n",)
+
+
+class DraftRefused(PlanInvalid):
+    """A draft too long to read or to hold as a plan: not worth a transcription pass."""
+
+
+def _is_python(lang: str, body: str) -> bool:
+    if lang in _PYTHON:
+        return bool(body.strip())
+    if lang or not body.strip():
+        return False
+    try:  # a block without a language tag is python when it parses as python
+        ast.parse(body)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return False
+    return True
 
 
 def plan_from_draft(text: str, tool_names: Collection[str]) -> Plan:
     """The plan a draft states, or `PlanInvalid` saying why there is none.
 
     The thinking before the first code block becomes the plan's `reasoning`. The last
-    python block is the program (a model that revises its code writes the revision
-    last); a JSON block is read as the whole plan.
+    python block (tagged python, or untagged and parsing as python) is the program: the
+    planner stops generation where the first block closes, but another backend may not;
+    a JSON block is read as the whole plan. `DraftRefused` (too long) is not worth
+    transcribing; other `PlanInvalid`s are.
     """
     if len(text) > MAX_DRAFT_CHARS:
-        raise PlanInvalid("the draft is too long to read")
-    blocks = [(m.group(1).lower(), m.group(2), m.start()) for m in _FENCE.finditer(text)]
+        raise DraftRefused("the draft is too long to read")
+    blocks = [(m.group(1).strip().lower(), m.group(2), m.start()) for m in _FENCE.finditer(text)]
     if not blocks:
         stripped = text.strip()
         if stripped.startswith("{"):  # a bare JSON plan instead of a draft
             return parse_plan(stripped, tool_names)
         raise PlanInvalid("the draft has no code block")
     reasoning = _reasoning(text[: blocks[0][2]])
-    python = [body for lang, body, _ in blocks if lang in _PYTHON and body.strip()]
+    python = [body for lang, body, _ in blocks if _is_python(lang, body)]
     if python and "python" in tool_names:
         code = python[-1].strip("\n")
         if len(code) > MAX_STEP_INPUT_CHARS:
-            raise PlanInvalid(
+            raise DraftRefused(
                 f"the draft's program is longer than {MAX_STEP_INPUT_CHARS} characters"
             )
         plan = Plan(

@@ -11,9 +11,9 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from planner.backends.base import GenerationRequest, PlanBackend, Usage
-from planner.drafts import plan_from_draft
+from planner.drafts import DRAFT_STOP, DraftRefused, plan_from_draft
 from planner.prompting import FORMATS, build_messages, transcription_messages
-from services.errors import NotReady, PlanInvalid, PlanningFailed
+from services.errors import InvalidRequest, NotReady, PlanInvalid, PlanningFailed
 from services.model_host import ModelHost
 from services.plans import parse_plan
 from services.schemas import Plan, PlanRequest, PlanResponse, ToolSpec, plan_json_schema
@@ -21,6 +21,8 @@ from services.settings import PlannerSettings
 from services.toolspecs import DEFAULT_TOOLS
 
 log = structlog.get_logger("planner")
+
+MAX_TRANSCRIBED_CHARS = 8000  # a longer draft is not pasted into a second prompt
 
 PLANS = Counter("planner_plans_total", "Plans generated", ["outcome"])
 PLAN_LATENCY = Histogram("planner_generation_seconds", "Backend generation latency")
@@ -40,16 +42,22 @@ class PlannerService(ModelHost):
         tools: list[ToolSpec],
         feedback: str | None,
         names: list[str],
-    ) -> tuple[list[Plan | str], Usage]:
+    ) -> tuple[list[Plan | str | PlanInvalid], Usage]:
         """The plans the drafts state. A draft the planner cannot read is transcribed
         into a JSON plan under the grammar (one pass per such draft, all in flight
-        together, so the engine decodes them as one batch)."""
-        out: list[Plan | str] = []
+        together, so the engine decodes them as one batch); one too long to transcribe,
+        or whose transcription the model cannot take, is an invalid candidate."""
+        out: list[Plan | str | PlanInvalid] = []
         unread: list[tuple[int, str]] = []
         for text in generation_texts:
             try:
                 out.append(plan_from_draft(text, names))
+            except DraftRefused as exc:
+                out.append(exc)
             except PlanInvalid as exc:
+                if len(text) > MAX_TRANSCRIBED_CHARS:
+                    out.append(DraftRefused(f"{exc.message}; too long to transcribe"))
+                    continue
                 log.info(
                     "draft not readable, transcribing it",
                     **{"error.type": "draft_unreadable", "error.message": exc.message},
@@ -67,19 +75,34 @@ class PlannerService(ModelHost):
                 json_schema=schema,
                 n=1,
                 temperature=0.0,  # a copy of the draft, not a new sample
+                stop=[],
                 metadata={**first.metadata, "transcription": k},
             )
             for k, (_, draft) in enumerate(unread)
         ]
         tasks = [asyncio.ensure_future(self.backend.generate(r)) for r in requests]
         try:
-            generations = await asyncio.gather(*tasks)
-        finally:  # one failed: the others stop too (a no-op for those already done)
+            pending = set(tasks)
+            while pending:
+                done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
+                for task in done:
+                    error = task.exception()
+                    # a pass the model cannot take (its prompt outgrew the context) is one
+                    # invalid candidate; a failing backend fails the request, as it would
+                    # have for the first pass
+                    if error is not None and not isinstance(error, InvalidRequest):
+                        raise error
+        finally:  # failed or cancelled: the other passes stop too
             for task in tasks:
                 task.cancel()
-        for (index, _), generation in zip(unread, generations, strict=True):
-            usage += generation.cost()
-            out[index] = generation.texts[0] if generation.texts else ""
+        for (index, _), task in zip(unread, tasks, strict=True):
+            error = task.exception()
+            if error is not None:
+                out[index] = PlanInvalid(f"the draft could not be transcribed: {error}")
+            else:
+                generation = task.result()
+                usage += generation.cost()
+                out[index] = generation.texts[0] if generation.texts else ""
         return out, usage
 
     async def plan(self, request: PlanRequest) -> PlanResponse:
@@ -93,7 +116,8 @@ class PlannerService(ModelHost):
         temperature = (
             request.temperature if request.temperature is not None else self.settings.temperature
         )
-        if request.n > 1 and temperature == 0:
+        # distinct samples need sampling, and so do later samples of the same question
+        if request.n + request.offset > 1 and temperature == 0:
             temperature = self.settings.temperature or 0.3  # distinct samples need sampling
         plans: list[Plan] = []
         seen: set[str] = set()
@@ -117,13 +141,14 @@ class PlannerService(ModelHost):
                 max_tokens=self.settings.max_tokens,
                 seed=self.settings.seed + attempt,
                 first_sample=request.offset,
+                stop=list(DRAFT_STOP) if fmt == "draft" else [],
                 question=request.question,
                 metadata={"attempt": attempt},
             )
             with PLAN_LATENCY.time():
                 generation = await self.backend.generate(gen_request)
             usage += generation.cost()
-            candidates: list[Plan | str] = list(generation.texts)
+            candidates: list[Plan | str | PlanInvalid] = list(generation.texts)
             if fmt == "draft":
                 candidates, cost = await self._read_drafts(
                     gen_request, generation.texts, tools, feedback, names
@@ -131,6 +156,8 @@ class PlannerService(ModelHost):
                 usage += cost
             for candidate in candidates:
                 try:
+                    if isinstance(candidate, PlanInvalid):
+                        raise candidate
                     plan = (
                         candidate if isinstance(candidate, Plan) else parse_plan(candidate, names)
                     )

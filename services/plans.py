@@ -21,6 +21,8 @@ def parse_plan(text: str, tool_names: Collection[str]) -> Plan:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanInvalid(f"not valid JSON: {exc.msg} at position {exc.pos}") from None
+    except RecursionError:  # free text (a draft) can nest brackets past the parser's stack
+        raise PlanInvalid("not valid JSON: nested too deeply") from None
     try:
         plan = Plan.model_validate(data)
     except ValidationError as exc:

@@ -19,9 +19,14 @@ class GenerationRequest:
     max_tokens: int = 512
     seed: int | None = None
     # Index of the first sample asked for: samples first_sample .. first_sample + n - 1 of
-    # the same request, so a second call for more samples draws new ones (the seeds a
-    # single call for all of them would have used).
+    # the same request, so a second call for more samples draws new ones. llama.cpp gives
+    # each sample the seed a single call for all of them would have; OpenAI-compatible
+    # servers and vLLM take one seed per call, so there the later samples are new but not
+    # the same as one call's.
     first_sample: int = 0
+    # Free text only: a completion ends at the first of these strings (backends keep or
+    # drop the string itself; callers must accept both).
+    stop: list[str] = field(default_factory=list)
     # Free-form hints for scripted backends in tests; real backends ignore them.
     question: str = ""
     metadata: dict[str, Any] = field(default_factory=dict)

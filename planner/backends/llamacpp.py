@@ -379,6 +379,7 @@ class LlamaCppBackend:
                     max_tokens=request.max_tokens,
                     grammar=grammar,
                     done=done,
+                    stop=tuple(s.encode() for s in request.stop),
                 )
             )
             futures.append(future)
@@ -497,6 +498,7 @@ class LlamaCppBackend:
                     top_p=request.top_p,
                     max_tokens=request.max_tokens,
                     seed=seeds[k],
+                    stop=request.stop or None,
                     stream=True,
                 )
                 parts: list[str] = []

@@ -175,6 +175,8 @@ class Job:
     max_tokens: int
     grammar: Any | None  # an xgrammar compiled grammar, or None for unconstrained
     done: Callable[[JobResult | BaseException], None]
+    # A completion also ends once its text ends with one of these (kept in the text).
+    stop: tuple[bytes, ...] = ()
     cancel: threading.Event = field(default_factory=threading.Event)
     submitted: float = field(default_factory=time.perf_counter)
     # Filled by the engine.
@@ -204,6 +206,7 @@ class _Sequence:
     pos: int = 0
     done: bool = False
     finish_reason: str | None = None
+    tail: bytes = b""  # the completion's last bytes, for the job's stop strings
 
 
 @dataclass(eq=False)
@@ -661,7 +664,13 @@ class BatchEngine:
                         f"constrained decoding failed: token {token} is outside the grammar"
                     )
             seq.tokens.append(token)
-            if len(seq.tokens) >= job.max_tokens:
+            if job.stop:
+                longest = max(len(s) for s in job.stop)
+                piece = self._llm.detokenize([token])
+                seq.tail = (seq.tail + piece)[-(longest + len(piece)) :]
+                if any(stop in seq.tail for stop in job.stop):
+                    seq.done, seq.finish_reason = True, "stop"
+            if not seq.done and len(seq.tokens) >= job.max_tokens:
                 seq.done, seq.finish_reason = True, "length"
         if seq.done:
             self._lib.llama_memory_seq_rm(self._mem, seq.id, -1, -1)

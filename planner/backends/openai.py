@@ -115,6 +115,8 @@ class OpenAIBackend:
                 "type": "json_schema",
                 "json_schema": {"name": "plan", "schema": request.json_schema, "strict": True},
             }
+        if request.stop:
+            payload["stop"] = request.stop[:4]  # the OpenAI API takes up to four
         if request.seed is not None:  # one seed for the n samples: the first one's
             payload["seed"] = sample_seeds(request, request.seed)[0]
         body = await self._request("POST", "/chat/completions", json=payload)

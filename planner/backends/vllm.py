@@ -174,6 +174,7 @@ class VllmBackend:
             structured_outputs=StructuredOutputsParams(grammar=schema_grammar(request.json_schema))
             if request.json_schema is not None
             else None,
+            stop=request.stop or None,
             output_kind=RequestOutputKind.FINAL_ONLY,
         )
 

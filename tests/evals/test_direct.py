@@ -79,6 +79,7 @@ async def test_direct_runner_scores_the_last_number_of_the_completion() -> None:
     assert record["completion_tokens"] == 37
     [request] = model.requests
     assert request.temperature == 0.0 and request.n == 1
+    assert request.json_schema is None  # free text, even on a constrained backend
     assert request.max_tokens == DIRECT_MAX_TOKENS
     assert request.messages[0]["role"] == "system"
     assert request.messages[-1] == {"role": "user", "content": "How many clips?"}

@@ -371,3 +371,25 @@ def test_messages_the_chat_template_refuses_fail_alone(backend: Any) -> None:
     assert isinstance(failed, DependencyUnavailable) and "chat template" in failed.message
     assert json.loads(ok.texts[0])["steps"]
     assert backend.engine.load == (0, 0)
+
+
+def test_free_text_samples_end_at_their_stop_string(backend: Any) -> None:
+    """A request without a schema decodes free text; each sample ends with the token that
+    completes its first stop string (kept in its text), not at the token limit."""
+    from planner.backends.base import GenerationRequest
+
+    req = GenerationRequest(
+        messages=[SYSTEM, {"role": "user", "content": "Describe the sea in a long sentence."}],
+        json_schema=None,
+        n=2,
+        temperature=0.7,
+        max_tokens=60,
+        seed=3,
+        stop=[" "],
+    )
+    generation = run(backend, req)
+    assert len(generation.texts) == 2
+    for text, figures in zip(generation.texts, backend.last_stats.per_completion, strict=True):
+        # "The sea": the token " sea" holds the first space after the first word
+        assert " " in text and text.strip().count(" ") <= 1, text
+        assert figures["finish_reason_length"] == 0.0

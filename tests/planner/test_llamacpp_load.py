@@ -62,3 +62,19 @@ def test_the_engine_gets_a_sequence_per_sample_plus_the_prefix(
 def test_the_gbnf_engine_takes_the_sequential_path() -> None:
     settings = PlannerSettings(backend="llamacpp", grammar_engine="gbnf")
     assert LlamaCppBackend(settings).batching is False
+
+
+def test_a_request_without_a_schema_decodes_free_text(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A draft (json_schema None) gets no grammar, a plan request gets the plan's; the
+    unconstrained backend never gets one."""
+    from planner.backends.base import GenerationRequest
+
+    backend = LlamaCppBackend(PlannerSettings(backend="llamacpp"))
+    compiled: list[dict[str, Any]] = []
+    monkeypatch.setattr(backend, "grammar", lambda schema: compiled.append(schema) or "g")
+    schema = {"type": "object"}
+    assert backend._grammar_for(GenerationRequest(messages=[], json_schema=None)) is None
+    assert backend._grammar_for(GenerationRequest(messages=[], json_schema=schema)) == "g"
+    assert compiled == [schema]
+    free = LlamaCppBackend(PlannerSettings(backend="llamacpp"), constrained=False)
+    assert free._grammar_for(GenerationRequest(messages=[], json_schema=schema)) is None

@@ -242,6 +242,51 @@ async def test_drafts_that_never_give_a_plan_fail_the_request_after_the_attempts
     assert [r.json_schema is None for r in backend.requests] == [True, False, True, False]
 
 
+async def test_a_transcription_the_model_cannot_take_is_one_invalid_candidate() -> None:
+    from services.errors import InvalidRequest
+
+    transcribed = json.dumps(
+        {
+            "reasoning": "add",
+            "steps": [{"id": "s1", "tool": "calc", "input": "3 + 4", "depends_on": []}],
+            "answer_step": "s1",
+        }
+    )
+
+    class TooLong(Backend):
+        async def generate(self, request: GenerationRequest) -> Generation:
+            if request.json_schema is None:
+                return Generation([DRAFT, "no code", "no code either"])
+            if request.metadata["transcription"] == 0:
+                raise InvalidRequest("the prompt does not fit the context")
+            return Generation([transcribed])
+
+    service = await draft_service(TooLong([]), max_attempts=1)
+    response = await service.plan(PlanRequest(question="q", n=3, distinct=False))
+    assert [p.steps[0].tool for p in response.plans] == ["python", "calc"]
+
+
+async def test_drafts_too_long_to_transcribe_or_nested_past_the_parser_are_invalid() -> None:
+    nested = "```json\n" + "[" * 3000
+    backend = Backend(["x" * 9000, nested, DRAFT], [])
+    service = await draft_service(backend, max_attempts=1)
+    response = await service.plan(PlanRequest(question="q", n=3, distinct=False))
+    assert [p.steps[0].input for p in response.plans] == [CODE]
+    # the long draft is not pasted into a second prompt; the nested one is transcribed
+    first, second = backend.requests
+    assert first.json_schema is None and second.json_schema is not None
+    assert "[[[" in second.messages[-1]["content"] and "x" * 9000 not in str(second.messages)
+
+
+async def test_later_samples_are_sampled_even_when_the_default_is_greedy() -> None:
+    backend = Backend([DRAFT])
+    service = await draft_service(backend, temperature=0.0)
+    await service.plan(PlanRequest(question="q", n=1))
+    await service.plan(PlanRequest(question="q", n=1, offset=3, distinct=False))
+    first, later = backend.requests
+    assert first.temperature == 0.0 and later.temperature > 0 and later.first_sample == 3
+
+
 async def test_a_failed_transcription_pass_stops_the_others() -> None:
     import asyncio
 
@@ -267,3 +312,42 @@ async def test_a_failed_transcription_pass_stops_the_others() -> None:
         await service.plan(PlanRequest(question="q", n=2))
     await asyncio.sleep(0)
     assert cancelled == [True]
+
+
+async def test_a_draft_is_asked_to_end_where_its_code_block_closes() -> None:
+    """The draft pass stops at the closing fence (the engine's own test shows a stop
+    ending a sample); the examples the model imitates open their program with a fence
+    the stop does not match."""
+    backend = Backend([DRAFT])
+    service = await draft_service(backend)
+    await service.plan(PlanRequest(question="How much fruit?"))
+    assert backend.requests[0].stop == ["\n```\n"]
+    example = render_example(few_shot()[0], "draft")
+    head, _, rest = example.partition("```python\n")
+    assert "\n```\n" not in head + "```python\n" and (rest + "\n").count("\n```\n") == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "```" + " " * 19_990,
+        "```json\n" + "[" * 3000,
+        '{"a":' + "[" * 3000,
+        "```\n" + "\n   " * 4000,
+        "```" + " \t" * 9_000 + "\n",
+    ],
+)
+def test_hostile_drafts_are_refused_quickly(text: str) -> None:
+    import time
+
+    started = time.perf_counter()
+    with pytest.raises(PlanInvalid):
+        plan_from_draft(text, NAMES)
+    assert time.perf_counter() - started < 0.05
+
+
+def test_an_untagged_block_that_parses_as_python_is_the_program() -> None:
+    plan = plan_from_draft(f"Add them.\n```\n{CODE}\n```", NAMES)
+    assert plan.steps[0].input == CODE
+    with pytest.raises(PlanInvalid, match="no python program"):
+        plan_from_draft("Add them.\n```\nthree apples plus four pears\n```", NAMES)
