@@ -75,8 +75,11 @@ class PlannerSettings(CommonSettings):
     backend: Literal["scripted", "llamacpp", "vllm", "openai"] = "scripted"
     # Scripted backend only: JSON file mapping a question to the plan(s) to return.
     script_path: Path | None = None
-    # Catalog name (see services.catalog) or a path to a model file/directory.
-    model: str = "qwen2.5-coder-0.5b-instruct"
+    # Catalog name (see services.catalog) or a path to a model file/directory. The
+    # embedded default is the 1.5B coder model; `qwen2.5-coder-0.5b-instruct` is the one
+    # for small machines (a third of the memory and decode time, far fewer right answers:
+    # docs/eval).
+    model: str = "qwen2.5-coder-1.5b-instruct"
     model_path: Path | None = None
     temperature: float = Field(default=0.3, ge=0, le=2)
     top_p: float = Field(default=0.85, gt=0, le=1)
