@@ -7,7 +7,8 @@ All modes run on the same planner model:
   unconstrained free text, greedy, with a bounded number of new tokens.
 - `plan`: `POST /reason` with one plan, executed, no verifier.
 - `plan+verify`: one plan, executed, verified (the orchestrator may replan on rejection).
-- `plan+verify+sc5`: five plans, executed, verified, verifier-weighted vote.
+- `plan+verify+sc5`: up to five plans (adaptive: three first, two more only when
+  those leave the vote open), executed; the answer most of them agree on, verified.
 
 The pipeline modes never use the answer cache unless asked to, so every item is a
 fresh measurement.
@@ -67,6 +68,7 @@ def base_record(item: Item, *, dataset: str, mode: str, model: str) -> dict[str,
         "correct": False,
         "verdict": None,
         "confidence": None,
+        "signals": None,
         "schema_valid": None,
         "n_steps": 0,
         "step_statuses": [],
@@ -156,6 +158,7 @@ class ReasonRunner:
         record.update(
             verdict=data.get("verdict"),
             confidence=data.get("confidence"),
+            signals=data.get("signals"),
             schema_valid=data.get("plan") is not None,
             n_steps=len(steps),
             step_statuses=[s.get("status") for s in steps],

@@ -22,6 +22,7 @@ from fastapi.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from orchestrator.cache import Cache, create_cache
+from orchestrator.confidence import Calibrator
 from orchestrator.limits import TenantCounter
 from orchestrator.service import ReasonService
 from orchestrator.tools import build_registry
@@ -78,6 +79,7 @@ def create_app(
                 cache_ttl_s=settings.cache_ttl_s,
                 max_replans=settings.max_replans,
                 replan_on=settings.replan_on,
+                calibrator=Calibrator.load(settings.confidence_calibrator),
                 max_tool_calls=settings.max_tool_calls_per_request,
                 sandbox_jobs_per_tenant=settings.sandbox_jobs_per_tenant(),
             )

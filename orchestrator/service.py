@@ -26,6 +26,7 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from orchestrator.cache import Cache, cache_get, make_key, normalize_text
+from orchestrator.confidence import Calibrator
 from orchestrator.executor import Execution, PlanExecutor
 from orchestrator.limits import TenantSemaphore, ToolBudget
 from orchestrator.tools.registry import ToolRegistry
@@ -46,6 +47,7 @@ from services.schemas import (
     PlanResponse,
     ReasonRequest,
     ReasonResponse,
+    Signals,
     StepResult,
     Timings,
     Verdict,
@@ -70,6 +72,7 @@ ReplanReason = Literal["no_answer", "rejected", "low_agreement"]
 REPLAN_REASONS: tuple[ReplanReason, ...] = ("no_answer", "rejected", "low_agreement")
 LOW_AGREEMENT = 0.5  # the served answer has fewer than half of the round's plans
 VERIFY_MIN_BUDGET_S = 0.05
+VERIFY_RESERVE_S = 2.5  # left for the verifier after more plans (the model verifier: ~2 s)
 PLAN_MIN_BUDGET_S = 0.05
 
 StepCallback = Callable[[StepResult], Awaitable[None] | None]
@@ -86,11 +89,50 @@ class Run:
     limits_tenant: str  # whose sandbox share the steps count against
 
 
+@dataclass(frozen=True)
+class Outcome:
+    """One round's result: the voted answer, how it would be served, and why it might be
+    worth another round."""
+
+    best: Attempt
+    attempts: list[Attempt]
+    agreeing: int
+    signals: Signals
+    confidence: float  # calibrated
+    verdict: Verdict  # as served
+
+    @property
+    def trust(self) -> tuple[bool, bool, float, float]:
+        """Orders rounds: an answer beats none, then not rejected beats rejected, then the
+        calibrated confidence, then the share of plans agreeing."""
+        return (
+            self.best.answer is not None,
+            self.verdict != "rejected",
+            self.confidence,
+            self.agreeing / max(len(self.attempts), 1),
+        )
+
+    def replan_reasons(self) -> list[ReplanReason]:
+        """Every reason the round could be worth another round, most serious first:
+        no answer; an answer served as rejected (the verifier said no and the calibrated
+        confidence does not overrule it); fewer than half of its plans agreeing."""
+        if self.best.answer is None:
+            return ["no_answer"]
+        reasons: list[ReplanReason] = []
+        if self.verdict == "rejected":
+            reasons.append("rejected")
+        drawn = len(self.attempts)
+        if drawn > 1 and self.agreeing / drawn < LOW_AGREEMENT:
+            reasons.append("low_agreement")
+        return reasons
+
+
 @dataclass
 class Attempt:
     execution: Execution
-    verdict: Verdict = "unverified"
-    confidence: float = UNVERIFIED_CONFIDENCE
+    verdict: Verdict = "unverified"  # the verifier's, for this answer
+    confidence: float = UNVERIFIED_CONFIDENCE  # the verifier's score (ties, rounds)
+    verifier: float | None = None  # the verifier's score when it answered
 
     @property
     def answer(self) -> str | None:
@@ -120,9 +162,10 @@ class ReasonService:
         cache: Cache,
         cache_ttl_s: int = 300,
         max_replans: int = 2,
-        replan_on: tuple[ReplanReason, ...] | list[ReplanReason] = ("no_answer", "rejected"),
+        replan_on: tuple[ReplanReason, ...] | list[ReplanReason] = ("no_answer",),
         max_tool_calls: int = 32,
         sandbox_jobs_per_tenant: int | None = None,
+        calibrator: Calibrator | None = None,
     ) -> None:
         self.planner = planner
         self.verifier = verifier
@@ -133,12 +176,20 @@ class ReasonService:
         self.cache_ttl_s = cache_ttl_s
         self.max_replans = max_replans
         self.replan_on = frozenset(replan_on)
+        self.calibrator = calibrator or Calibrator.load()
         self.max_tool_calls = max_tool_calls
 
     def _answer_cache_key(self, request: ReasonRequest, tenant: str) -> str:
         o = request.options
+        # the calibrator's version too: a refit changes confidences and verdicts
         return make_key(
-            "answer", tenant, normalize_text(request.question), o.n_plans, o.verify, o.adaptive
+            "answer",
+            tenant,
+            normalize_text(request.question),
+            o.n_plans,
+            o.verify,
+            o.adaptive,
+            self.calibrator.version,
         )
 
     async def reason(
@@ -183,7 +234,7 @@ class ReasonService:
         timings = {"plan": 0.0, "execute": 0.0, "verify": 0.0}
         # the most trusted round so far: when every round is rejected, the answer served is
         # the one the verifier trusted most, not whatever the last replan produced
-        chosen: tuple[Attempt, list[Attempt], int] | None = None
+        chosen: Outcome | None = None
         feedback: str | None = None
         reason: ReplanReason | None = None  # why the round about to run is a replan
         rounds = 0
@@ -211,30 +262,31 @@ class ReasonService:
                 if chosen is not None:  # keep the answer we have; the replan just failed
                     break
                 raise
-            best, agreeing = vote(attempts)
-            if chosen is None or trust(best, agreeing, len(attempts)) > trust(
-                chosen[0], chosen[2], len(chosen[1])
-            ):
-                chosen = (best, attempts, agreeing)
-            reason = replan_reason(best, agreeing, len(attempts))
-            if reason is None or reason not in self.replan_on:
+            outcome = self._outcome(attempts, rounds)
+            if chosen is None or outcome.trust > chosen.trust:
+                chosen = outcome
+            due = [r for r in outcome.replan_reasons() if r in self.replan_on]
+            if not due:
                 break
-            feedback = describe_failure(best, reason, attempts)
+            reason = due[0]
+            feedback = describe_failure(outcome.best, reason, attempts)
         assert chosen is not None
-        best, best_plans, agreeing = chosen
+        best = chosen.best
         total_ms = (time.perf_counter() - started) * 1000
         for stage, ms in timings.items():
             STAGE_LATENCY.labels(stage).observe(ms / 1000)
         STAGE_LATENCY.labels("total").observe(total_ms / 1000)
+        signals = chosen.signals.model_copy(update={"rounds": rounds})
         response = ReasonResponse(
             trace_id=trace_id,
             answer=best.answer,
-            verdict=best.verdict,
-            confidence=round(best.confidence, 6),
+            verdict=chosen.verdict,
+            confidence=round(chosen.confidence, 6),
+            signals=signals,
             plan=best.execution.plan,
             steps=best.execution.steps,
             cached=False,
-            agreement=Agreement(plans=len(best_plans), agreeing=agreeing, rounds=rounds)
+            agreement=Agreement(plans=len(chosen.attempts), agreeing=chosen.agreeing, rounds=rounds)
             if (request.options.n_plans > 1 or rounds > 1)
             else None,
             timings_ms=Timings(
@@ -254,6 +306,22 @@ class ReasonService:
             await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
         return response
 
+    def _outcome(self, attempts: list[Attempt], round_no: int) -> Outcome:
+        """The round's vote, its calibrated confidence and the verdict it would be served
+        with."""
+        best, agreeing = vote(attempts)
+        answered = best.answer is not None
+        signals = Signals(
+            agreement=agreeing / len(attempts) if answered else 0.0,
+            plans=len(attempts),
+            complete=best.execution.complete,
+            verifier=best.verifier,
+            rounds=round_no,
+        )
+        confidence = self.calibrator.confidence(signals, answered=answered)
+        verdict = served_verdict(best, confidence, self.calibrator.threshold)
+        return Outcome(best, attempts, agreeing, signals, confidence, verdict)
+
     async def _round(
         self,
         request: ReasonRequest,
@@ -265,12 +333,22 @@ class ReasonService:
         """One round: draw plans (adaptively), execute them, verify the leading answers."""
         n = request.options.n_plans
         first = n if n <= 2 or not request.options.adaptive else n // 2 + 1
+        loop = asyncio.get_running_loop()
+        t0 = loop.time()
         executions = await self._draw(request, deadline, feedback, timings, first, 0, run)
+        first_draw_s = loop.time() - t0
         answers = [answer_key(e.answer) for e in executions]
-        if first < n and not run.budget.spent and not settled(answers, n):
+        # more plans only while they can still change the vote, and only with time left
+        # for a draw like the first and the verifier after it
+        if (
+            first < n
+            and not run.budget.spent
+            and not settled(answers, n)
+            and deadline - loop.time() > first_draw_s + VERIFY_RESERVE_S
+        ):
             try:
                 executions += await self._draw(
-                    request, deadline, feedback, timings, n - first, first, run
+                    request, deadline, feedback, timings, n - len(executions), first, run
                 )
             except (DependencyUnavailable, DeadlineExceeded, PlanningFailed) as exc:
                 log.warning(
@@ -414,7 +492,7 @@ class ReasonService:
             if k in verdicts:
                 ok, confidence = verdicts[k]
                 attempt.verdict = "verified" if ok else "rejected"
-                attempt.confidence = confidence
+                attempt.confidence = attempt.verifier = confidence
         return attempts
 
 
@@ -482,26 +560,17 @@ def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
     return max(members, key=lambda a: a.confidence), counts[winner]
 
 
-def replan_reason(best: Attempt, agreeing: int, drawn: int) -> ReplanReason | None:
-    """Why the round's answer is worth another round, if it is."""
-    if best.answer is None:
-        return "no_answer"
-    if best.verdict == "rejected":
-        return "rejected"
-    if drawn > 1 and agreeing / drawn < LOW_AGREEMENT:
-        return "low_agreement"
-    return None
-
-
-def trust(attempt: Attempt, agreeing: int = 1, drawn: int = 1) -> tuple[bool, bool, float, float]:
-    """Orders rounds: an answer beats none, then not rejected beats rejected, then the
-    share of plans agreeing, then the verifier's confidence."""
-    return (
-        attempt.answer is not None,
-        attempt.verdict != "rejected",
-        agreeing / max(drawn, 1),
-        attempt.confidence,
-    )
+def served_verdict(best: Attempt, confidence: float, threshold: float) -> Verdict:
+    """`verified` only for a calibrated confidence at the threshold, and only when the
+    verifier answered (a threshold of 1 verifies nothing); `rejected` when the verifier
+    said no and the confidence does not overrule it; otherwise `unverified` (no answer,
+    not verified, or not confident). A calibrated confidence can overrule the verifier's
+    no: the calibrator weighs its score together with the plans' agreement."""
+    if best.answer is None or best.verifier is None:
+        return "unverified"
+    if threshold < 1.0 and confidence >= threshold:
+        return "verified"
+    return "rejected" if best.verdict == "rejected" else "unverified"
 
 
 def describe_failure(

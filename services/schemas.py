@@ -185,11 +185,24 @@ class Agreement(Wire):
     rounds: int = 1
 
 
+class Signals(Wire):
+    """What the served confidence is computed from (orchestrator.confidence)."""
+
+    agreement: Annotated[float, Field(ge=0, le=1)]  # share of the round's plans agreeing
+    plans: Annotated[int, Field(ge=0)]  # plans drawn in the served round
+    complete: bool  # every step of the served plan ran
+    verifier: Annotated[float, Field(ge=0, le=1)] | None = None  # None: not asked / no reply
+    rounds: Annotated[int, Field(ge=1)] = 1
+
+
 class ReasonResponse(Wire):
     trace_id: str
     answer: str | None
     verdict: Verdict
+    # calibrated P(answer is right), from `signals`; `verified` needs the calibrator's
+    # threshold
     confidence: Annotated[float, Field(ge=0, le=1)]
+    signals: Signals | None = None
     plan: Plan | None
     steps: list[StepResult]
     cached: bool = False

@@ -17,6 +17,11 @@ REPO = Path(__file__).resolve().parents[1]
 DATASETS = REPO.parent / "shared" / "datasets"
 POSTGRES_DSN = os.environ.get("TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
+# Tests see the verifier's score as the served confidence (tests/data); the shipped
+# calibrator artifact has tests of its own (tests/orchestrator/test_confidence.py).
+os.environ.setdefault(
+    "ORCH_CONFIDENCE_CALIBRATOR", str(REPO / "tests" / "data" / "passthrough-confidence.json")
+)
 
 
 def free_port() -> int:

@@ -27,6 +27,10 @@ from services.schemas import ToolSpec
 from services.settings import OrchestratorSettings
 from tests.conftest import free_port
 
+PASSTHROUGH_CALIBRATOR = (
+    Path(__file__).resolve().parents[1] / "data" / "passthrough-confidence.json"
+)
+
 
 class _Drop:
     def __repr__(self) -> str:
@@ -272,6 +276,8 @@ def running_orchestrator(
     """The real orchestrator app over HTTP, and the app (its state holds the service)."""
     tools = tools or ToolSwitch()
     with ServerThread(planner.app()) as p, ServerThread(verifier.app()) as v:
+        # the served confidence is the verifier's score unless a test brings its own
+        settings.setdefault("confidence_calibrator", PASSTHROUGH_CALIBRATOR)
         config = OrchestratorSettings(
             planner_url=p.url, verifier_url=v.url, log_dir=tmp, log_format="json", **settings
         )

@@ -25,6 +25,7 @@ from tests.orchestrator.helpers import (
 pytestmark = [pytest.mark.integration]
 
 MARGIN_S = 0.75
+REPLAN_REJECTED = ["no_answer", "rejected"]  # a rejected answer is replanned (not the default)
 
 
 def ask(url: str, question: str, **options) -> tuple[httpx.Response, float]:
@@ -111,7 +112,7 @@ def test_rejected_answer_is_replanned_with_the_failed_attempt_as_context(tmp_pat
     script = {"q": [[plan(("s1", "calc", "2+3", []))], [plan(("s1", "calc", "2+2", []))]]}
     planner = FakePlanner(script)
     verifier = FakeVerifier(by_answer={"5": 0.1, "4": 0.95})
-    with orchestrator_stack(tmp_path, planner, verifier) as url:
+    with orchestrator_stack(tmp_path, planner, verifier, replan_on=REPLAN_REJECTED) as url:
         r, _ = ask(url, "q")
         body = r.json()
         assert body["answer"] == "4" and body["verdict"] == "verified"
@@ -124,7 +125,9 @@ def test_rejected_answer_is_replanned_with_the_failed_attempt_as_context(tmp_pat
 def test_replanning_stops_after_the_configured_rounds(tmp_path) -> None:
     script = {"q": [[plan(("s1", "calc", "2+3", []))]]}
     planner = FakePlanner(script)
-    with orchestrator_stack(tmp_path, planner, FakeVerifier(default=0.2), max_replans=2) as url:
+    with orchestrator_stack(
+        tmp_path, planner, FakeVerifier(default=0.2), max_replans=2, replan_on=REPLAN_REJECTED
+    ) as url:
         body = ask(url, "q")[0].json()
         assert body["verdict"] == "rejected" and body["answer"] == "5"
         assert len(planner.requests) == 3 and body["agreement"]["rounds"] == 3
@@ -134,7 +137,9 @@ def test_when_every_round_is_rejected_the_most_trusted_answer_is_served(tmp_path
     rounds = [[plan(("s1", "calc", e, []))] for e in ("2+3", "2+4", "2+5")]
     planner = FakePlanner({"q": rounds})
     verifier = FakeVerifier(by_answer={"5": 0.45, "6": 0.2, "7": 0.3})
-    with orchestrator_stack(tmp_path, planner, verifier, max_replans=2) as url:
+    with orchestrator_stack(
+        tmp_path, planner, verifier, max_replans=2, replan_on=REPLAN_REJECTED
+    ) as url:
         body = ask(url, "q", use_cache=False)[0].json()
         assert len(planner.requests) == 3 and body["agreement"]["rounds"] == 3
         assert body["answer"] == "5" and body["verdict"] == "rejected"
@@ -146,7 +151,9 @@ def test_an_accepted_replan_is_served_over_the_rejected_round(tmp_path) -> None:
     rounds = [[plan(("s1", "calc", "2+3", []))], [plan(("s1", "calc", "2+4", []))]]
     planner = FakePlanner({"q": rounds})
     verifier = FakeVerifier(by_answer={"5": 0.49, "6": 0.7})
-    with orchestrator_stack(tmp_path, planner, verifier, max_replans=2) as url:
+    with orchestrator_stack(
+        tmp_path, planner, verifier, max_replans=2, replan_on=REPLAN_REJECTED
+    ) as url:
         body = ask(url, "q", use_cache=False)[0].json()
         assert body["answer"] == "6" and body["verdict"] == "verified"
         assert body["agreement"]["rounds"] == 2
@@ -157,7 +164,9 @@ def test_the_served_rounds_vote_is_the_one_reported(tmp_path) -> None:
     second = [plan(("s1", "calc", e, [])) for e in ("3+4", "2+2", "1+1")]  # all differ
     planner = FakePlanner({"q": [first, second]})
     verifier = FakeVerifier(by_answer={"5": 0.4, "7": 0.3, "4": 0.2, "2": 0.1})
-    with orchestrator_stack(tmp_path, planner, verifier, max_replans=1) as url:
+    with orchestrator_stack(
+        tmp_path, planner, verifier, max_replans=1, replan_on=REPLAN_REJECTED
+    ) as url:
         body = ask(url, "q", n_plans=3, use_cache=False)[0].json()
         # both rounds rejected; round 1's winner (agreed on, 0.4) is trusted more than
         # round 2's; its first two plans agreed, which settles a vote of three

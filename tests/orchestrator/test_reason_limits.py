@@ -42,7 +42,9 @@ def test_one_request_runs_at_most_its_budget_of_tool_calls(tmp_path) -> None:
     tools = ToolSwitch()
     planner = FakePlanner(SCRIPT)
     verifier = FakeVerifier(default=0.1)  # rejected: would replan twice more
-    with orchestrator_stack(tmp_path, planner, verifier, tools, max_replans=2) as url:
+    with orchestrator_stack(
+        tmp_path, planner, verifier, tools, max_replans=2, replan_on=["no_answer", "rejected"]
+    ) as url:
         r = asyncio.run(post(url, "wide", n_plans=8))
         assert r.status_code == 200, r.text
         assert tools.calls == 32  # the default budget, not 8 plans x 12 steps = 96
@@ -58,7 +60,13 @@ def test_the_budget_counts_replanning_rounds_and_is_configurable(tmp_path) -> No
     planner = FakePlanner({"q": [[three]]})
     verifier = FakeVerifier(default=0.1)
     with orchestrator_stack(
-        tmp_path, planner, verifier, tools, max_replans=5, max_tool_calls_per_request=7
+        tmp_path,
+        planner,
+        verifier,
+        tools,
+        max_replans=5,
+        max_tool_calls_per_request=7,
+        replan_on=["no_answer", "rejected"],
     ) as url:
         body = asyncio.run(post(url, "q")).json()
         # 3 + 3 in two rounds, one call left for the third round, none for a fourth

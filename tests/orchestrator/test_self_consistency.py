@@ -161,3 +161,17 @@ def test_low_agreement_is_replanned_with_the_disagreement_as_feedback(tmp_path) 
         assert body["agreement"] == {"plans": 3, "agreeing": 3, "rounds": 2}
         feedback = planner.requests[-1]["feedback"]
         assert "disagreed" in feedback and "'4' (1 of 5)" in feedback
+
+
+@pytest.mark.integration
+def test_any_configured_reason_replans_even_behind_one_that_is_not(tmp_path) -> None:
+    """A split vote that the verifier also rejects is replanned for its low agreement
+    when only that reason is configured."""
+    split = calc_plans("2+2", "2+3", "2+4", "2+5", "2+6")
+    agreed = calc_plans("3+3", "4+2", "1+5")
+    planner = FakePlanner({"q": [split, agreed]})
+    verifier = FakeVerifier(default=0.2)
+    with orchestrator_stack(tmp_path, planner, verifier, replan_on=["low_agreement"]) as url:
+        body = ask(url, "q", n_plans=5)
+        assert body["answer"] == "6" and body["agreement"]["rounds"] == 2
+        assert "disagreed" in planner.requests[-1]["feedback"]

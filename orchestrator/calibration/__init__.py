@@ -1,0 +1,1 @@
+"""The answer-confidence calibrator artifacts (orchestrator.confidence)."""

@@ -1,0 +1,221 @@
+"""The served confidence: the calibrator artifact, its fit on dev-split runs, and how
+`/reason` turns signals into `confidence` and `verdict`."""
+
+from __future__ import annotations
+
+import json
+import math
+import random
+from pathlib import Path
+
+import httpx
+import pytest
+
+from orchestrator.confidence import Calibrator, CalibratorError
+from services.schemas import Signals
+from services.settings import PlannerSettings
+from tests.orchestrator.helpers import (
+    PASSTHROUGH_CALIBRATOR,
+    FakePlanner,
+    FakeVerifier,
+    orchestrator_stack,
+    plan,
+)
+from training.fit_confidence import choose_threshold
+from training.fit_confidence import main as fit
+
+ARTIFACT = {
+    "format": "answer-confidence/1",
+    "version": "t",
+    "with_verifier": {"weights": {"agreement": 6.0, "verifier_logit": 0.5}, "bias": -3.0},
+    "without_verifier": {"weights": {"agreement": 6.0}, "bias": -3.0},
+    "threshold": 0.9,
+}
+
+
+def signals(**kw) -> Signals:
+    return Signals(**{"agreement": 1.0, "plans": 5, "complete": True, **kw})
+
+
+# --------------------------------------------------------------------------- artifact
+
+
+@pytest.mark.unit
+def test_the_passthrough_artifact_serves_the_verifier_score() -> None:
+    c = Calibrator.load(PASSTHROUGH_CALIBRATOR)
+    assert c.confidence(signals(verifier=0.83), answered=True) == pytest.approx(0.83)
+    assert c.confidence(signals(), answered=True) == 0.5
+    assert c.confidence(signals(verifier=0.99), answered=False) == 0.0
+
+
+@pytest.mark.unit
+def test_agreement_and_the_verifier_move_the_confidence() -> None:
+    c = Calibrator.from_dict(ARTIFACT)
+    low = c.confidence(signals(agreement=0.4, verifier=0.5), answered=True)
+    high = c.confidence(signals(agreement=1.0, verifier=0.5), answered=True)
+    assert low < high
+    assert c.confidence(signals(verifier=1.0), answered=True) > high  # finite at 1.0
+    assert math.isfinite(c.confidence(signals(verifier=0.0), answered=True))
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("change", "why"),
+    [
+        ({"format": "other"}, "not an answer-confidence/1"),
+        ({"with_verifier": None}, "with_verifier is missing"),
+        ({"without_verifier": {"weights": {"shoe_size": 1.0}, "bias": 0}}, "weights must map"),
+        ({"with_verifier": {"weights": {"agreement": float("nan")}, "bias": 0}}, "finite"),
+        ({"with_verifier": {"weights": {"agreement": True}, "bias": 0}}, "finite"),
+        ({"threshold": 0}, "threshold"),
+        ({"threshold": "0.9"}, "threshold"),
+        ({"threshold": True}, "threshold"),
+        ({"fitted_for": ["x"]}, "fitted_for"),
+    ],
+)
+def test_a_bad_artifact_is_refused_with_its_reason(change: dict, why: str) -> None:
+    with pytest.raises(CalibratorError, match=why):
+        Calibrator.from_dict({**ARTIFACT, **change})
+
+
+@pytest.mark.unit
+def test_a_missing_or_broken_artifact_file_names_itself(tmp_path: Path) -> None:
+    with pytest.raises(CalibratorError, match=r"nope\.json: cannot read"):
+        Calibrator.load(tmp_path / "nope.json")
+    broken = tmp_path / "broken.json"
+    broken.write_text("{")
+    with pytest.raises(CalibratorError, match=r"broken\.json: not JSON"):
+        Calibrator.load(broken)
+
+
+@pytest.mark.unit
+def test_the_shipped_artifact_is_for_the_default_planner() -> None:
+    shipped = Calibrator.load()
+    assert 0 < shipped.threshold <= 1
+    defaults = PlannerSettings()
+    assert defaults.model in shipped.fitted_for["planner_models"]
+    assert shipped.fitted_for["plan_format"] == defaults.plan_format
+
+
+# --------------------------------------------------------------------------- fit
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("probs", "labels", "expected"),
+    [
+        ([0.9, 0.8, 0.7, 0.6], [True, True, False, True], 0.8),
+        ([0.9, 0.8], [False, False], 1.0),  # no point reaches the precision
+        ([0.9, 0.9, 0.5], [True, True, True], 0.5),
+    ],
+)
+def test_the_threshold_is_the_lowest_that_keeps_the_precision(
+    probs: list[float], labels: list[bool], expected: float
+) -> None:
+    assert choose_threshold(probs, labels, 0.9) == expected
+
+
+@pytest.mark.unit
+def test_the_threshold_covers_a_minimum_of_answers() -> None:
+    probs, labels = [0.99, 0.8, 0.7, 0.6], [True, False, True, False]
+    assert choose_threshold(probs, labels, 0.9) == 0.99
+    assert choose_threshold(probs, labels, 0.9, min_covered=2) == 1.0
+
+
+def dev_lines(n: int = 200, seed: int = 0, dataset: str = "gsm8k-train-dev") -> list[dict]:
+    """Synthetic dev-split lines where agreement predicts correctness."""
+    rng = random.Random(seed)
+    lines = []
+    for k in range(n):
+        agreeing = rng.randint(1, 5)
+        right = rng.random() < 0.1 + 0.18 * agreeing
+        lines.append(
+            {
+                "id": f"gsm8k-train-{k}",
+                "dataset": dataset,
+                "mode": "plan+verify+sc5",
+                "model": "llamacpp:qwen2.5-coder-1.5b-instruct",
+                "answer_text": "7",
+                "correct": right,
+                "error": None,
+                "signals": {
+                    "agreement": agreeing / 5,
+                    "plans": 5,
+                    "complete": True,
+                    "verifier": rng.uniform(0.2, 0.6),
+                    "rounds": 1,
+                },
+            }
+        )
+    return lines
+
+
+@pytest.mark.unit
+def test_the_fit_learns_agreement_and_keeps_the_precision(tmp_path: Path) -> None:
+    """Fitted on one sample of synthetic runs, judged on another: agreement carries the
+    signal, the confidence is calibrated there, and `verified` keeps most of its
+    precision."""
+    results = tmp_path / "dev.jsonl"
+    results.write_text("".join(json.dumps(line) + "\n" for line in dev_lines(400)))
+    out = tmp_path / "artifact.json"
+    artifact = fit([str(results), "--plan-format", "json", "--out", str(out), "--precision", "0.8"])
+    calibrator = Calibrator.load(out)
+    assert artifact["with_verifier"]["weights"]["agreement"] > 0
+    assert artifact["fitted_for"]["plan_format"] == "json"
+    held_out = dev_lines(2000, seed=1)
+    probs = [calibrator.confidence(Signals(**line["signals"]), answered=True) for line in held_out]
+    labels = [line["correct"] for line in held_out]
+    from training.metrics import ece
+
+    assert ece(probs, labels) < 0.05
+    verified = [y for p, y in zip(probs, labels, strict=True) if p >= calibrator.threshold]
+    assert calibrator.threshold < 1 and verified
+    assert sum(verified) / len(verified) >= 0.7
+
+
+@pytest.mark.unit
+def test_the_fit_refuses_lines_that_are_not_the_dev_split(tmp_path: Path) -> None:
+    results = tmp_path / "test.jsonl"
+    results.write_text("".join(json.dumps(line) + "\n" for line in dev_lines(dataset="gsm8k-test")))
+    with pytest.raises(SystemExit, match="not the train dev split"):
+        fit([str(results), "--plan-format", "json", "--out", str(tmp_path / "a.json")])
+
+
+# --------------------------------------------------------------------------- served
+
+
+@pytest.mark.integration
+def test_agreement_makes_an_answer_verified_and_the_signals_are_shown(tmp_path: Path) -> None:
+    artifact = tmp_path / "calibrator.json"
+    artifact.write_text(json.dumps(ARTIFACT))
+    agree = [plan(("s1", "calc", e, [])) for e in ("2+2", "1+3", "8/2")]
+    split = [plan(("s1", "calc", e, [])) for e in ("2+2", "2+3", "2+5")]
+    planner = FakePlanner({"agree": [agree], "split": [split], "one": [agree[:1]]})
+    verifier = FakeVerifier(default=0.45)  # the verifier alone would reject every answer
+    with orchestrator_stack(
+        tmp_path, planner, verifier, confidence_calibrator=artifact, replan_on=["no_answer"]
+    ) as url:
+
+        def ask(q: str, **options) -> dict:
+            r = httpx.post(f"{url}/reason", json={"question": q, "options": options}, timeout=30)
+            assert r.status_code == 200, r.text
+            return r.json()
+
+        agreed = ask("agree", n_plans=3)
+        assert agreed["verdict"] == "verified" and agreed["confidence"] >= 0.9
+        assert agreed["signals"] == {
+            "agreement": 1.0,
+            "plans": 2,  # the first two agreed: the vote of three was settled
+            "complete": True,
+            "verifier": 0.45,
+            "rounds": 1,
+        }
+        disputed = ask("split", n_plans=3)
+        assert disputed["verdict"] == "rejected" and disputed["confidence"] < 0.9
+        # without the verifier nothing is `verified`, however confident
+        unasked = ask("agree", n_plans=3, verify=False, use_cache=False)
+        assert unasked["verdict"] == "unverified" and unasked["signals"]["verifier"] is None
+        assert unasked["confidence"] == pytest.approx(1 / (1 + math.exp(-3.0)), abs=1e-6)
+        verifier.mode = "error"
+        down = ask("one", use_cache=False)
+        assert down["verdict"] == "unverified" and down["signals"]["verifier"] is None
