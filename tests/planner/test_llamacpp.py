@@ -1,6 +1,6 @@
 """The llama.cpp backend with real models on the CPU.
 
-Qwen2.5-Coder-0.5B (the embedded default) behind the real planner app: schema-valid
+Qwen2.5-Coder-0.5B (the small-machine planner; the default is its 1.5B sibling) behind the real planner app: schema-valid
 plans from `POST /plan`, including for questions that try to hijack it. SmolLM2-135M
 (fast) checks that the grammar really constrains decoding. The models are pulled through
 the catalog (a no-op when already pulled, as the README's test command does first).
