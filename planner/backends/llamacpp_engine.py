@@ -60,6 +60,7 @@ import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 import numpy as np
@@ -194,6 +195,11 @@ class Job:
     batch_sum: int = 0
     batch_max: int = 0
     steps: int = 0
+
+    @cached_property
+    def stop_window(self) -> int:
+        """Bytes of a completion's tail that can hold the start of a stop string."""
+        return max((len(s) for s in self.stop), default=0)
 
 
 @dataclass
@@ -665,9 +671,8 @@ class BatchEngine:
                     )
             seq.tokens.append(token)
             if job.stop:
-                longest = max(len(s) for s in job.stop)
                 piece = self._llm.detokenize([token])
-                seq.tail = (seq.tail + piece)[-(longest + len(piece)) :]
+                seq.tail = (seq.tail + piece)[-(job.stop_window + len(piece)) :]
                 if any(stop in seq.tail for stop in job.stop):
                     seq.done, seq.finish_reason = True, "stop"
             if not seq.done and len(seq.tokens) >= job.max_tokens:
