@@ -4,12 +4,15 @@ Rule (pinned; changing it changes every published figure):
 
 1. The text is the mode's final answer text: the `answer` field of `/reason` for the
    pipeline modes, the whole completion for `direct`.
-2. The predicted answer is the LAST number in that text. A number is an optional minus
-   sign (ASCII or U+2212) that does not follow a letter, digit or dot, then digits with
-   optional thousands commas (`1,234,567`), an optional decimal part and an optional
+2. The predicted answer is the LAST number in that text (`services.answers.last_number`,
+   the rule the planner's `/solve` answers are read with too). A number is an optional
+   minus sign (ASCII or U+2212) that does not follow a letter, digit or dot, then digits
+   with optional thousands commas (`1,234,567`), an optional decimal part and an optional
    exponent (`1e-05`), or a bare decimal part (`.5`). Commas inside a number are removed;
    a comma between numbers that is not a thousands separator ends the number (`3,4` is
-   two numbers). A number glued to a preceding letter (`s1`, `x2`) does not count.
+   two numbers). A number glued to a preceding letter (`s1`, `x2`) does not count, and
+   neither does one past 10^400 (`1e999999999`: no gold is near it, and as an integer
+   it would take minutes to build).
 3. A prediction is correct when `|predicted - gold| <= 1e-6 * max(1, |gold|)`: an
    absolute tolerance of 1e-6, relative for golds larger than 1.
 4. No number, or no text at all, is a wrong answer.
@@ -18,37 +21,29 @@ Rule (pinned; changing it changes every published figure):
 from __future__ import annotations
 
 import math
-import re
 from decimal import Decimal, InvalidOperation
 
+from services.answers import last_number
+
 TOLERANCE = 1e-6
-
-_NUMBER_RE = re.compile(
-    r"(?<![\w.])-?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
-)
-
-
-def _numbers(text: str) -> list[str]:
-    return _NUMBER_RE.findall(text.replace("\u2212", "-"))
+MAX_EXPONENT = 400  # past any float; an int of 10**999999999 would take minutes
 
 
 def extract_number(text: str | None) -> int | float | None:
     """The last number in `text` (rule above), as an int when it is integral."""
-    if not text:
-        return None
-    found = _numbers(text)
-    if not found:
+    number = last_number(text)
+    if number is None:
         return None
     try:
-        value = Decimal(found[-1].replace(",", ""))
+        value = Decimal(number)
     except InvalidOperation:
         return None
-    if not value.is_finite():
+    if not value.is_finite() or value.adjusted() > MAX_EXPONENT:
         return None
     if value == value.to_integral_value():
         return int(value)
-    number = float(value)
-    return number if math.isfinite(number) else None
+    as_float = float(value)
+    return as_float if math.isfinite(as_float) else None
 
 
 def is_correct(predicted: int | float | None, gold: int | float | None) -> bool:

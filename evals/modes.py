@@ -2,13 +2,18 @@
 
 All modes run on the same planner model:
 
-- `direct`: the planner model answers on its own with chain-of-thought, no tools. The
-  model is loaded in-process through the planner's backend machinery, decoding is
-  unconstrained free text, greedy, with a bounded number of new tokens.
+- `direct`: the planner model answers on its own with chain-of-thought, no tools: the
+  prompt of the planner's `/solve` (`planner/prompts/prose.md`), greedy, with a bounded
+  number of new tokens. The model is loaded in-process through the planner's backend
+  machinery, so the baseline can run on its own core beside the services.
 - `plan`: `POST /reason` with one plan, executed, no verifier.
 - `plan+verify`: one plan, executed, verified (the orchestrator may replan on rejection).
 - `plan+verify+sc5`: up to five plans (adaptive: three first, two more only when
   those leave the vote open), executed; the answer most of them agree on, verified.
+- `votes4x4`: the sampling study, not a served setting: four plans and four
+  chain-of-thought solutions (the first greedy: the `direct` answer), all drawn
+  (adaptive off), verified. Its lines keep every vote (`agreement.votes`), so any vote
+  over up to four of each kind can be replayed from them (`evals/votes.py`).
 
 The pipeline modes never use the answer cache unless asked to, so every item is a
 fresh measurement.
@@ -19,8 +24,6 @@ from __future__ import annotations
 import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
-from functools import cache
-from importlib import resources
 from typing import Any
 
 import httpx
@@ -28,6 +31,7 @@ import httpx
 from evals.data import Item
 from evals.extract import extract_number, is_correct
 from planner.backends.base import GenerationRequest, PlanBackend
+from planner.prose import PROSE_MAX_TOKENS, ProsePrompt, prose_prompt
 from services.settings import PlannerSettings
 
 
@@ -35,6 +39,8 @@ from services.settings import PlannerSettings
 class PipelineMode:
     n_plans: int
     verify: bool
+    n_prose: int = 0
+    adaptive: bool = True
 
 
 MODES: dict[str, PipelineMode | None] = {
@@ -42,9 +48,10 @@ MODES: dict[str, PipelineMode | None] = {
     "plan": PipelineMode(n_plans=1, verify=False),
     "plan+verify": PipelineMode(n_plans=1, verify=True),
     "plan+verify+sc5": PipelineMode(n_plans=5, verify=True),
+    "votes4x4": PipelineMode(n_plans=4, verify=True, n_prose=4, adaptive=False),
 }
 
-DIRECT_MAX_TOKENS = 320  # CoT answers of the few-shot examples are ~60-90 tokens
+DIRECT_MAX_TOKENS = PROSE_MAX_TOKENS
 ANSWER_TEXT_MAX_CHARS = 4000
 PLAN_FAILURE_TYPES = {"planning_failed", "plan_invalid"}
 
@@ -112,12 +119,16 @@ class ReasonRunner:
         self.mode = mode
         self.dataset = dataset
         self.model = model
-        self.options = {
+        self.options: dict[str, Any] = {
             "n_plans": pipeline.n_plans,
             "verify": pipeline.verify,
             "use_cache": use_cache,
             "deadline_s": deadline_s,
         }
+        if pipeline.n_prose:
+            self.options["n_prose"] = pipeline.n_prose
+        if not pipeline.adaptive:
+            self.options["adaptive"] = False
         self.timeout_s = deadline_s + 30.0
         self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
 
@@ -168,6 +179,7 @@ class ReasonRunner:
         )
         record["latency_ms"] = {
             "plan": timings.get("plan"),
+            "solve": timings.get("solve") if self.options.get("n_prose") else None,
             "execute": timings.get("execute"),
             "verify": timings.get("verify") if self.options["verify"] else None,
             "total": timings.get("total"),
@@ -191,62 +203,6 @@ async def planner_model_name(client: httpx.AsyncClient, planner_url: str) -> str
 # --------------------------------------------------------------------------- direct
 
 
-@dataclass(frozen=True)
-class DirectPrompt:
-    """The few-shot chain-of-thought prompt of `evals/prompts/direct.md`."""
-
-    system: str
-    examples: tuple[tuple[str, str], ...]  # (question, worked answer)
-
-    def messages(self, question: str) -> list[dict[str, str]]:
-        messages = [{"role": "system", "content": self.system}]
-        for q, a in self.examples:
-            messages.append({"role": "user", "content": q})
-            messages.append({"role": "assistant", "content": a})
-        messages.append({"role": "user", "content": question})
-        return messages
-
-
-def parse_prompt(text: str) -> DirectPrompt:
-    """`# system` then `# example <id>` sections with `## question` / `## answer`."""
-    if "<!--" in text:
-        head, _, rest = text.partition("<!--")
-        text = head + rest.partition("-->")[2]
-    sections: list[tuple[str, list[str]]] = []
-    for line in text.splitlines():
-        if line.startswith("# ") or line.startswith("## "):
-            sections.append((line.strip("# ").strip().lower(), []))
-        elif sections:
-            sections[-1][1].append(line)
-        elif line.strip():
-            raise ValueError(f"prompt text before the first section: {line[:60]!r}")
-    system = ""
-    examples: list[tuple[str, str]] = []
-    pending: dict[str, str] = {}
-    for name, lines in sections:
-        body = "\n".join(lines).strip()
-        if name == "system":
-            system = body
-        elif name.startswith("example"):
-            pending = {}
-        elif name in ("question", "answer"):
-            pending[name] = body
-            if "question" in pending and "answer" in pending:
-                examples.append((pending["question"], pending["answer"]))
-                pending = {}
-        else:
-            raise ValueError(f"unknown prompt section {name!r}")
-    if not system or not examples:
-        raise ValueError("the prompt needs a system section and at least one example")
-    return DirectPrompt(system, tuple(examples))
-
-
-@cache
-def direct_prompt() -> DirectPrompt:
-    text = resources.files("evals.prompts").joinpath("direct.md").read_text(encoding="utf-8")
-    return parse_prompt(text)
-
-
 def load_direct_backend(settings: PlannerSettings) -> PlanBackend:
     """The planner's model as a free-text generator (the backend is not loaded yet)."""
     if settings.backend == "llamacpp":
@@ -268,13 +224,13 @@ class DirectRunner:
         backend: PlanBackend,
         *,
         dataset: str,
-        prompt: DirectPrompt | None = None,
+        prompt: ProsePrompt | None = None,
         max_tokens: int = DIRECT_MAX_TOKENS,
         seed: int = 0,
     ) -> None:
         self.backend = backend
         self.dataset = dataset
-        self.prompt = prompt or direct_prompt()
+        self.prompt = prompt or prose_prompt()
         self.max_tokens = max_tokens
         self.seed = seed
 

@@ -3,8 +3,12 @@
 With `n_plans > 1` the answer is the one most executed plans agree on (self-consistency
 over executed answers); the verifier's score only breaks ties. Sampling is adaptive:
 a majority of the plans is drawn first, and the rest only when those leave the vote open,
-so the answer is the one the full draw's vote would give. A round is replanned (with the
-failed attempt as feedback) only for the reasons in `replan_on`.
+so the answer is the one the full draw's vote would give. With `n_prose > 0` the
+planner's chain-of-thought solutions (`/solve`, no tools) are drawn beside the first
+plans and vote with them, one vote each: programs and prose make different mistakes.
+An answer an executed plan gave is served with that plan's steps; one only prose gave,
+with its solution. A round is replanned (with the failed attempt as feedback) only for
+the reasons in `replan_on`; replanning rounds draw plans only.
 
 Every outside call gets what is left of the request's deadline as its timeout. The
 planner being down is an error (there is nothing to run: 503); a question it cannot plan
@@ -42,17 +46,21 @@ from services.errors import (
 from services.http import ServiceClient
 from services.plans import check_plan
 from services.schemas import (
+    VOTE_ANSWER_CHARS,
     Agreement,
     Plan,
     PlanResponse,
     ReasonRequest,
     ReasonResponse,
     Signals,
+    Solution,
+    SolveResponse,
     StepResult,
     Timings,
     Verdict,
     VerifyBatchResponse,
     VerifyResponse,
+    Vote,
 )
 
 log = structlog.get_logger("orchestrator")
@@ -129,14 +137,37 @@ class Outcome:
 
 @dataclass
 class Attempt:
-    execution: Execution
+    """One sample of a round: an executed plan, or a chain-of-thought solution."""
+
+    execution: Execution | None = None
+    solution: Solution | None = None
     verdict: Verdict = "unverified"  # the verifier's, for this answer
     confidence: float = UNVERIFIED_CONFIDENCE  # the verifier's score (ties, rounds)
     verifier: float | None = None  # the verifier's score when it answered
 
     @property
     def answer(self) -> str | None:
-        return self.execution.answer
+        if self.execution is not None:
+            return self.execution.answer
+        return self.solution.answer if self.solution is not None else None
+
+    @property
+    def source(self) -> Literal["plan", "prose"]:
+        return "plan" if self.execution is not None else "prose"
+
+    @property
+    def complete(self) -> bool:
+        """Its work finished: every step of its plan ran, or its solution states an
+        answer."""
+        if self.execution is not None:
+            return self.execution.complete
+        return self.answer is not None
+
+    @property
+    def steps_ok(self) -> int:
+        if self.execution is None:
+            return -1
+        return sum(s.status == "ok" for s in self.execution.steps)
 
 
 def answer_key(answer: str | None) -> str | None:
@@ -187,6 +218,7 @@ class ReasonService:
             tenant,
             normalize_text(request.question),
             o.n_plans,
+            o.n_prose,
             o.verify,
             o.adaptive,
             self.calibrator.version,
@@ -231,7 +263,7 @@ class ReasonService:
                 )
                 return response
 
-        timings = {"plan": 0.0, "execute": 0.0, "verify": 0.0}
+        timings = {"plan": 0.0, "solve": 0.0, "execute": 0.0, "verify": 0.0}
         # the most trusted round so far: when every round is rejected, the answer served is
         # the one the verifier trusted most, not whatever the last replan produced
         chosen: Outcome | None = None
@@ -257,7 +289,9 @@ class ReasonService:
             if reason is not None:
                 REPLANS.labels(reason).inc()
             try:
-                attempts = await self._round(request, deadline, feedback, timings, run)
+                attempts = await self._round(
+                    request, deadline, feedback, timings, run, prose=round_no == 0
+                )
             except (DependencyUnavailable, DeadlineExceeded, PlanningFailed):
                 if chosen is not None:  # keep the answer we have; the replan just failed
                     break
@@ -283,14 +317,23 @@ class ReasonService:
             verdict=chosen.verdict,
             confidence=round(chosen.confidence, 6),
             signals=signals,
-            plan=best.execution.plan,
-            steps=best.execution.steps,
+            plan=best.execution.plan if best.execution else None,
+            steps=best.execution.steps if best.execution else [],
+            solution=best.solution,
             cached=False,
-            agreement=Agreement(plans=len(chosen.attempts), agreeing=chosen.agreeing, rounds=rounds)
-            if (request.options.n_plans > 1 or rounds > 1)
+            agreement=Agreement(
+                plans=len(chosen.attempts),
+                agreeing=chosen.agreeing,
+                rounds=rounds,
+                votes=[
+                    Vote(source=a.source, answer=_vote_answer(a.answer)) for a in chosen.attempts
+                ],
+            )
+            if (request.options.n_plans > 1 or request.options.n_prose or rounds > 1)
             else None,
             timings_ms=Timings(
                 plan=round(timings["plan"], 3),
+                solve=round(timings["solve"], 3),
                 execute=round(timings["execute"], 3),
                 verify=round(timings["verify"], 3),
                 total=round(total_ms, 3),
@@ -300,7 +343,7 @@ class ReasonService:
         if (
             request.options.use_cache
             and response.answer is not None
-            and best.execution.complete
+            and best.complete
             and response.verdict != "rejected"
         ):
             await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
@@ -314,7 +357,7 @@ class ReasonService:
         signals = Signals(
             agreement=agreeing / len(attempts) if answered else 0.0,
             plans=len(attempts),
-            complete=best.execution.complete,
+            complete=best.complete,
             verifier=best.verifier,
             rounds=round_no,
         )
@@ -329,21 +372,46 @@ class ReasonService:
         feedback: str | None,
         timings: dict[str, float],
         run: Run,
+        *,
+        prose: bool = True,
     ) -> list[Attempt]:
-        """One round: draw plans (adaptively), execute them, verify the leading answers."""
+        """One round: draw plans (adaptively) and, with `prose`, the chain-of-thought
+        solutions beside the first ones; execute the plans; verify the leading answers."""
         n = request.options.n_plans
+        n_prose = request.options.n_prose if prose else 0
         first = n if n <= 2 or not request.options.adaptive else n // 2 + 1
         loop = asyncio.get_running_loop()
         t0 = loop.time()
-        executions = await self._draw(request, deadline, feedback, timings, first, 0, run)
+        drawn, solved = await asyncio.gather(
+            self._draw(request, deadline, feedback, timings, first, 0, run),
+            self._solve(request, deadline, n_prose, timings),
+            return_exceptions=True,
+        )
+        if isinstance(solved, BaseException):  # _solve degrades; anything else is a bug
+            raise solved
+        solutions: list[Solution] = solved
+        if isinstance(drawn, BaseException):
+            # no plan for the question, but the model's own answers: serve those
+            answered = any(s.answer is not None for s in solutions)
+            if not (isinstance(drawn, PlanningFailed | Unplannable) and answered):
+                raise drawn
+            log.warning(
+                "no plan could be made; voting on the chain-of-thought solutions",
+                **{"event.action": "reason.plan", "error.message": drawn.message},
+            )
+            executions: list[Execution] = []
+            first = n  # nothing more to draw
+        else:
+            executions = drawn
         first_draw_s = loop.time() - t0
         answers = [answer_key(e.answer) for e in executions]
+        answers += [answer_key(s.answer) for s in solutions]
         # more plans only while they can still change the vote, and only with time left
         # for a draw like the first and the verifier after it
         if (
             first < n
             and not run.budget.spent
-            and not settled(answers, n)
+            and not settled(answers, n + len(solutions))
             and deadline - loop.time() > first_draw_s + VERIFY_RESERVE_S
         ):
             try:
@@ -355,10 +423,40 @@ class ReasonService:
                     "no further plans could be drawn; voting on those drawn",
                     **{"event.action": "reason.sample_more", "error.message": exc.message},
                 )
+        # plans first: an answer both kinds gave is verified, and served, with its plan
+        attempts = [Attempt(execution=e) for e in executions]
+        attempts += [Attempt(solution=s) for s in solutions]
         t0 = time.perf_counter()
-        attempts = await self._verify_all(request, executions, deadline)
+        await self._verify_all(request, attempts, deadline)
         timings["verify"] += (time.perf_counter() - t0) * 1000
         return attempts
+
+    async def _solve(
+        self, request: ReasonRequest, deadline: float, n: int, timings: dict[str, float]
+    ) -> list[Solution]:
+        """`n` chain-of-thought solutions from the planner, or none: they are extra votes,
+        and a planner that cannot give them leaves the plans to decide."""
+        if n == 0:
+            return []
+        remaining = deadline - asyncio.get_running_loop().time()
+        # a planner slow to solve must not take the verifier's time: the votes are extra
+        if request.options.verify:
+            remaining = max(remaining - VERIFY_RESERVE_S, remaining / 2)
+        if remaining < PLAN_MIN_BUDGET_S:
+            return []
+        t0 = time.perf_counter()
+        try:
+            data = await self.planner.post_json(
+                "/solve", {"question": request.question, "n": n}, timeout_s=remaining
+            )
+            # model output through the planner: held to its schema, strictly
+            solutions = SolveResponse.model_validate(data, strict=True).solutions[:n]
+        except (ServiceError, ValueError) as exc:
+            _degraded("no chain-of-thought solutions; voting on the plans alone", "solve", exc)
+            return []
+        finally:
+            timings["solve"] += (time.perf_counter() - t0) * 1000
+        return solutions
 
     async def _draw(
         self,
@@ -440,11 +538,11 @@ class ReasonService:
         return [t.result() for t in tasks]
 
     async def _verify_all(
-        self, request: ReasonRequest, executions: list[Execution], deadline: float
-    ) -> list[Attempt]:
-        attempts = [Attempt(e) for e in executions]
+        self, request: ReasonRequest, attempts: list[Attempt], deadline: float
+    ) -> None:
+        """Set the verifier's verdict and score on `attempts`, in place."""
         if not request.options.verify:
-            return attempts
+            return
         # Ask once per answer that can win the vote: those most plans agree on (the
         # plans that produced an answer share its verdict; the verifier breaks ties).
         leaders = leading_answers(attempts)
@@ -457,12 +555,12 @@ class ReasonService:
             if attempt.answer is None:  # nothing to verify; the round may be replanned
                 attempt.confidence = 0.0
         if not distinct:
-            return attempts
+            return
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining < VERIFY_MIN_BUDGET_S:
             log.warning("no time left to verify", **{"event.action": "reason.verify_skip"})
-            return attempts
-        items = [claim(request.question, a.execution) for a in distinct.values()]
+            return
+        items = [claim(request.question, a) for a in distinct.values()]
         try:
             # The verifier's reply is held to its schema, strictly: "verdict": "false" is
             # not a verdict, and a confidence must be a finite number in [0, 1].
@@ -478,26 +576,44 @@ class ReasonService:
                 k: (r.verdict, r.confidence) for k, r in zip(distinct, results, strict=True)
             }
         except (ServiceError, ValueError) as exc:
-            log.warning(
-                "verifier unavailable or its reply invalid, answer left unverified",
-                **{
-                    "event.action": "reason.verify",
-                    "error.type": type(exc).__name__,
-                    "error.message": str(exc)[:300],
-                },
+            _degraded(
+                "verifier unavailable or its reply invalid, answer left unverified", "verify", exc
             )
-            return attempts
+            return
         for attempt in attempts:
             k = answer_key(attempt.answer)
             if k in verdicts:
                 ok, confidence = verdicts[k]
                 attempt.verdict = "verified" if ok else "rejected"
                 attempt.confidence = attempt.verifier = confidence
-        return attempts
 
 
-def claim(question: str, execution: Execution) -> dict[str, str]:
-    """The claim the verifier is asked about: the answer, with the work shown as context."""
+def _degraded(message: str, stage: str, exc: Exception) -> None:
+    """A dependency that failed or answered outside its schema: logged, and the answer
+    goes on without it."""
+    log.warning(
+        message,
+        **{
+            "event.action": f"reason.{stage}",
+            "error.type": type(exc).__name__,
+            "error.message": str(exc)[:300],
+        },
+    )
+
+
+def claim(question: str, attempt: Attempt | Execution) -> dict[str, str]:
+    """The claim the verifier is asked about: the answer, with the work shown as context
+    (the plan's steps and their results, or the worked solution)."""
+    if isinstance(attempt, Attempt) and attempt.execution is None:
+        solution = attempt.solution
+        assert solution is not None
+        return {
+            "question": question[:4000],
+            "statement": f"The answer is {solution.answer}.",
+            "context": f"Worked solution:\n{solution.text}"[:16000],
+        }
+    execution = attempt.execution if isinstance(attempt, Attempt) else attempt
+    assert execution is not None
     lines = []
     for step in execution.steps:  # each part cut first: the context is cut to 16000 anyway
         lines.append(
@@ -512,6 +628,12 @@ def claim(question: str, execution: Execution) -> dict[str, str]:
         "statement": f"The answer is {execution.answer}.",
         "context": context[:16000],
     }
+
+
+def _vote_answer(answer: str | None) -> str | None:
+    if answer is None or len(answer) <= VOTE_ANSWER_CHARS:
+        return answer
+    return answer[:VOTE_ANSWER_CHARS] + "…"
 
 
 def _cut(text: str | None, limit: int = 2000) -> str | None:
@@ -548,7 +670,7 @@ def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
     plan of that answer) and how many plans agree with it."""
     counts = _counts(attempts)
     if not counts:
-        return max(attempts, key=lambda a: sum(s.status == "ok" for s in a.execution.steps)), 0
+        return max(attempts, key=lambda a: a.steps_ok), 0
     order = {k: i for i, k in reversed(list(enumerate(answer_key(a.answer) for a in attempts)))}
     confidence: dict[str, float] = {}
     for a in attempts:
@@ -557,7 +679,8 @@ def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
             confidence[k] = max(confidence.get(k, 0.0), a.confidence)
     winner = max(counts, key=lambda k: (counts[k], confidence[k], -order[k]))
     members = [a for a in attempts if answer_key(a.answer) == winner]
-    return max(members, key=lambda a: a.confidence), counts[winner]
+    # an executed plan before a solution of the same answer: its steps show the work
+    return max(members, key=lambda a: (a.confidence, a.execution is not None)), counts[winner]
 
 
 def served_verdict(best: Attempt, confidence: float, threshold: float) -> Verdict:
@@ -596,6 +719,6 @@ def describe_failure(
             "output": (s.output or "")[:300],
             "error": (s.error or "")[:300],
         }
-        for s in attempt.execution.steps
+        for s in (attempt.execution.steps if attempt.execution else [])
     ]
     return f"{verdict} The failed plan and its step results were: {json.dumps(steps)}"

@@ -1,4 +1,5 @@
-"""Planner service: `POST /plan` turns a question into validated JSON plans."""
+"""Planner service: `POST /plan` turns a question into validated JSON plans; `POST /solve`
+answers it with the model's own chain-of-thought solutions (no tools)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ from planner.backends import create_backend
 from planner.service import PlannerService
 from services.app import cancel_on_disconnect, create_service_app
 from services.logging import configure_logging
-from services.schemas import PlanRequest, PlanResponse
+from services.schemas import PlanRequest, PlanResponse, SolveRequest, SolveResponse
 from services.settings import PlannerSettings
 
 
@@ -53,6 +54,11 @@ def create_app(
         service: PlannerService = request.app.state.planner
         # A caller that gives up (its deadline passed) frees the model for the next one.
         return await cancel_on_disconnect(request, service.plan(body))
+
+    @app.post("/solve", response_model=SolveResponse, response_model_exclude_none=True)
+    async def solve(body: SolveRequest, request: Request) -> Any:
+        service: PlannerService = request.app.state.planner
+        return await cancel_on_disconnect(request, service.solve(body))
 
     return app
 

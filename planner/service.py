@@ -13,10 +13,23 @@ from prometheus_client import Counter, Histogram
 from planner.backends.base import GenerationRequest, PlanBackend, Usage
 from planner.drafts import DRAFT_STOP, DraftRefused, plan_from_draft
 from planner.prompting import FORMATS, build_messages, transcription_messages
+from planner.prose import PROSE_MAX_TOKENS, PROSE_TEMPERATURE, prose_prompt
+from services.answers import last_number
 from services.errors import InvalidRequest, NotReady, PlanInvalid, PlanningFailed
 from services.model_host import ModelHost
 from services.plans import parse_plan
-from services.schemas import Plan, PlanRequest, PlanResponse, ToolSpec, plan_json_schema
+from services.schemas import (
+    SOLUTION_ANSWER_CHARS,
+    SOLUTION_TEXT_CHARS,
+    Plan,
+    PlanRequest,
+    PlanResponse,
+    Solution,
+    SolveRequest,
+    SolveResponse,
+    ToolSpec,
+    plan_json_schema,
+)
 from services.settings import PlannerSettings
 from services.toolspecs import DEFAULT_TOOLS
 
@@ -25,6 +38,7 @@ log = structlog.get_logger("planner")
 MAX_TRANSCRIBED_CHARS = 8000  # a longer draft is not pasted into a second prompt
 
 PLANS = Counter("planner_plans_total", "Plans generated", ["outcome"])
+SOLUTIONS = Counter("planner_solutions_total", "Chain-of-thought solutions", ["answered"])
 PLAN_LATENCY = Histogram("planner_generation_seconds", "Backend generation latency")
 
 
@@ -223,6 +237,63 @@ class PlannerService(ModelHost):
             )
         return PlanResponse(
             plans=plans[: request.n],
+            model=self.backend.model,
+            backend=self.backend.name,
+            latency_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    async def solve(self, request: SolveRequest) -> SolveResponse:
+        """Chain-of-thought solutions `offset .. offset + n - 1` (planner.prose): the
+        first greedy, the rest sampled, all in flight together so the engine decodes them
+        as one batch."""
+        if not self.ready:
+            raise NotReady(f"planner model not ready: {self.load_error or 'loading'}")
+        started = time.perf_counter()
+        messages = prose_prompt().messages(request.question)
+        temperature = request.temperature or PROSE_TEMPERATURE
+
+        def generation(first: int, n: int, greedy: bool) -> GenerationRequest:
+            return GenerationRequest(
+                messages=messages,
+                json_schema=None,
+                n=n,
+                temperature=0.0 if greedy else temperature,
+                top_p=1.0 if greedy else self.settings.top_p,
+                max_tokens=PROSE_MAX_TOKENS,
+                seed=self.settings.seed,
+                first_sample=first,
+                question=request.question,
+                metadata={"kind": "prose"},
+            )
+
+        requests = []
+        first, n = request.offset, request.n
+        if first == 0:
+            requests.append(generation(0, 1, greedy=True))
+            first, n = 1, n - 1
+        if n:
+            requests.append(generation(first, n, greedy=False))
+        with PLAN_LATENCY.time():
+            generations = await asyncio.gather(*(self.backend.generate(r) for r in requests))
+        solutions = []
+        usage = Usage()
+        for generated in generations:
+            usage += generated.cost()
+            for text in generated.texts:
+                answer = last_number(text)
+                if answer is not None and len(answer) > SOLUTION_ANSWER_CHARS:
+                    answer = None  # a number that long is no answer (and not on the wire)
+                SOLUTIONS.labels(str(answer is not None).lower()).inc()
+                solutions.append(Solution(text=text[:SOLUTION_TEXT_CHARS], answer=answer))
+        log.info(
+            "solutions generated",
+            requested=request.n,
+            answered=sum(s.answer is not None for s in solutions),
+            **{"event.duration": int((time.perf_counter() - started) * 1e9)},
+            **usage.log_fields(),
+        )
+        return SolveResponse(
+            solutions=solutions[: request.n],
             model=self.backend.model,
             backend=self.backend.name,
             latency_ms=(time.perf_counter() - started) * 1000,

@@ -19,8 +19,8 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from evals.modes import direct_prompt  # noqa: E402
 from planner.prompting import few_shot  # noqa: E402
+from planner.prose import prose_prompt  # noqa: E402
 
 TRAIN = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.norm.jsonl"
 OUT = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
@@ -29,7 +29,7 @@ SIZE = 300
 
 
 def dev_split(train: Path = TRAIN, size: int = SIZE, seed: int = SEED) -> list[dict[str, str]]:
-    shown = {e["question"] for e in few_shot()} | {q for q, _ in direct_prompt().examples}
+    shown = {e["question"] for e in few_shot()} | {q for q, _ in prose_prompt().examples}
     rows = [json.loads(line) for line in train.read_text(encoding="utf-8").split("\n") if line]
     pool = [r for r in rows if r["question"] not in shown]
     return [

@@ -115,6 +115,36 @@ class PlanResponse(Wire):
     latency_ms: float
 
 
+SOLUTION_TEXT_CHARS = 4000
+SOLUTION_ANSWER_CHARS = 64
+
+
+class SolveRequest(Wire):
+    """The model's own chain-of-thought solutions to a question, no tools."""
+
+    question: Question
+    n: Annotated[int, Field(ge=1, le=8)] = 1
+    # Solutions offset .. offset + n - 1: solution 0 is the greedy one, the rest sampled
+    # (a second request for more gets new ones, those one request for all would have had).
+    offset: Annotated[int, Field(ge=0, le=7)] = 0
+    temperature: Annotated[float, Field(gt=0, le=2)] | None = None  # of the sampled ones
+
+    _blank = field_validator("question")(_not_blank)
+
+
+class Solution(Wire):
+    text: Annotated[str, StringConstraints(max_length=SOLUTION_TEXT_CHARS)]
+    # the last number of the text (services.answers); None: the text states none
+    answer: Annotated[str, StringConstraints(max_length=SOLUTION_ANSWER_CHARS)] | None = None
+
+
+class SolveResponse(Wire):
+    solutions: list[Solution] = Field(max_length=8)
+    model: str
+    backend: str
+    latency_ms: float
+
+
 # --------------------------------------------------------------------------- verifier
 
 
@@ -153,6 +183,9 @@ class ReasonOptions(Wire):
     # With n_plans > 1: draw a majority of the plans first and the rest only when the
     # first ones' answers leave the vote open.
     adaptive: bool = True
+    # Chain-of-thought solutions (the planner's /solve: the model on its own, no tools)
+    # drawn beside the first round's plans; each is one vote, as an executed plan is.
+    n_prose: Annotated[int, Field(ge=0, le=8)] = 0
     verify: bool = True
     use_cache: bool = True
     deadline_s: Annotated[float, Field(ge=0.1, le=120)] = 30.0
@@ -170,27 +203,43 @@ Verdict = Literal["verified", "rejected", "unverified"]
 
 class Timings(Wire):
     plan: float = 0.0
+    solve: float = 0.0  # chain-of-thought solutions (n_prose), alongside planning
     execute: float = 0.0
     verify: float = 0.0
     total: float = 0.0
 
 
+VOTE_ANSWER_CHARS = 200
+
+
+class Vote(Wire):
+    """One sample's answer in the served round's vote (None: it gave no answer): an
+    executed plan's, or one of the model's own chain-of-thought solutions."""
+
+    source: Literal["plan", "prose"] = "plan"
+    answer: Annotated[str, StringConstraints(max_length=VOTE_ANSWER_CHARS + 1)] | None
+
+
 class Agreement(Wire):
     """How the self-consistency vote went (present when more than one plan ran): of the
     served round's `plans` drawn (fewer than `n_plans` when the first ones settled the
-    vote), `agreeing` gave the served answer; `rounds` counts replanning rounds."""
+    vote), `agreeing` gave the served answer; `votes` lists every plan's answer in the
+    order drawn (cut to 200 characters); `rounds` counts replanning rounds."""
 
     plans: int
     agreeing: int
     rounds: int = 1
+    votes: list[Vote] = Field(default_factory=list, max_length=8)
 
 
 class Signals(Wire):
     """What the served confidence is computed from (orchestrator.confidence)."""
 
     agreement: Annotated[float, Field(ge=0, le=1)]  # share of the round's plans agreeing
-    plans: Annotated[int, Field(ge=0)]  # plans drawn in the served round
-    complete: bool  # every step of the served plan ran
+    plans: Annotated[int, Field(ge=0)]  # samples (plans, solutions) in the served round
+    # the served sample's work finished: every step of its plan ran, or its solution
+    # states an answer
+    complete: bool
     verifier: Annotated[float, Field(ge=0, le=1)] | None = None  # None: not asked / no reply
     rounds: Annotated[int, Field(ge=1)] = 1
 
@@ -205,6 +254,8 @@ class ReasonResponse(Wire):
     signals: Signals | None = None
     plan: Plan | None
     steps: list[StepResult]
+    # the served answer's chain-of-thought solution, when no executed plan gave it
+    solution: Solution | None = None
     cached: bool = False
     cached_trace_id: str | None = None
     agreement: Agreement | None = None

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# The full evaluation on the embedded default recorded in docs/eval/README.md:
-# Qwen2.5-Coder-0.5B-Instruct Q4_K_M in llama.cpp as the planner and as the direct
-# baseline, the model verifier (SmolLM2-135M + the committed LoRA adapter, symbolic checks
-# first), services on ports 18000-18002.
+# The full evaluation on the embedded default: Qwen2.5-Coder-1.5B-Instruct Q4_K_M in
+# llama.cpp as the planner and as the direct baseline (EVAL_MODEL=qwen2.5-coder-0.5b-instruct
+# for the small-machine setting; the run of 2026-11-30 in docs/eval/README.md is that
+# model's), the model verifier (SmolLM2-135M + the committed LoRA adapter, symbolic checks
+# first), services on ports 18000-18002. Results go to docs/eval/1.5b/results/ (for the
+# small model, docs/eval/results/, where the run of 2026-11-30 is).
 #
 # The 2 cores are split: the planner's llama.cpp runs on one thread, and the `direct`
 # baseline (its own copy of the model, one thread) runs beside the pipeline modes.
@@ -17,13 +19,13 @@
 #   EVAL_DATASETS=gsm8k EVAL_START=130 EVAL_PORT_BASE=18100 EVAL_OUT=var/eval/part2 \
 #     docs/eval/run_full.sh 200 10 &
 # and `cat var/eval/part2/gsm8k-*.jsonl` onto the committed files afterwards (a run with
-# EVAL_START leaves the baseline to the run from 0). Rerunning resumes: finished items are
-# skipped, and pipeline items that failed (a deadline on a busy machine) run
-# again (--retry-errors; the report counts each item's last line). Results go to
-# docs/eval/results/ (committed, so a later run on a fresh clone resumes them), logs to
-# var/eval/logs/.
-#   [EVAL_DATASETS="gsm8k svamp"] [EVAL_PORT_BASE=18000] [EVAL_START=0] [EVAL_OUT=DIR]
-#   docs/eval/run_full.sh [N_PER_DATASET] [BATCH]
+# EVAL_START leaves the baseline to the run from 0). EVAL_MODES picks the pipeline modes
+# (default: all of them). Rerunning resumes: finished items are skipped, and pipeline
+# items that failed (a deadline on a busy machine) run again (--retry-errors; the report
+# counts each item's last line). Results are committed, so a later run on a fresh clone
+# resumes them; logs go to var/eval/logs/.
+#   [EVAL_MODEL=...] [EVAL_DATASETS="gsm8k svamp"] [EVAL_MODES="plan ..."]
+#   [EVAL_PORT_BASE=18000] [EVAL_START=0] [EVAL_OUT=DIR] docs/eval/run_full.sh [N] [BATCH]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
@@ -31,12 +33,18 @@ n="${1:-200}"
 batch="${2:-10}"
 start="${EVAL_START:-0}"
 py="${PYTHON:-$repo/.venv/bin/python}"
-out="${EVAL_OUT:-docs/eval/results}"
+model="${EVAL_MODEL:-qwen2.5-coder-1.5b-instruct}"
+case "$model" in
+  qwen2.5-coder-0.5b-instruct) results=docs/eval/results ;;
+  qwen2.5-coder-1.5b-instruct) results=docs/eval/1.5b/results ;;
+  *) results="docs/eval/$model/results" ;;
+esac
+out="${EVAL_OUT:-$results}"
 port="${EVAL_PORT_BASE:-18000}"
 logs="${EVAL_LOGS:-var/eval/logs}"
 if [ "$port" != 18000 ]; then logs="${EVAL_LOGS:-var/eval/logs-$port}"; fi
 mkdir -p "$out" "$logs"
-export PLANNER_BACKEND=llamacpp PLANNER_MODEL=qwen2.5-coder-0.5b-instruct
+export PLANNER_BACKEND=llamacpp PLANNER_MODEL="$model"
 export VERIFIER_BACKEND="${VERIFIER_BACKEND:-model}"
 export ORCH_PORT="$port" PLANNER_PORT=$((port + 1)) VERIFIER_PORT=$((port + 2))
 export PLANNER_N_THREADS=1
@@ -70,7 +78,7 @@ pipeline=(--url "http://127.0.0.1:$ORCH_PORT" --planner-url "http://127.0.0.1:$P
 for ((done_n = start + batch; done_n <= n; done_n += batch)); do
   for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
-    for mode in plan plan+verify plan+verify+sc5; do
+    for mode in ${EVAL_MODES:-plan plan+verify plan+verify+sc5}; do
       "$py" scripts/eval.py run --data "$data" --mode "$mode" --out "$out/$name-$mode.jsonl" \
         --offset "$start" --limit $((done_n - start)) "${pipeline[@]}"
     done

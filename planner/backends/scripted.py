@@ -3,6 +3,8 @@
 Plans come from a script (question -> list of plan JSON texts) when one is configured;
 otherwise an arithmetic expression found in the question becomes a one-step `calc` plan
 and anything else becomes a one-step `lookup` plan. Same question, same plan.
+Chain-of-thought solutions (`/solve`) come from the `prose` script (question -> texts, the
+k-th sample the k-th text, the last one repeating); without one, a text with no answer.
 """
 
 from __future__ import annotations
@@ -14,16 +16,23 @@ from typing import Any
 
 from planner.backends.base import Generation, GenerationRequest
 
+NO_SOLUTION = "The scripted planner has no worked solution for this question."
 _EXPR_RE = re.compile(r"[-+(]*\s*\d[\d.,]*\s*(?:[-+*/^x×÷%]\s*[-+(]*\s*\d[\d.,]*\s*\)*\s*)+")
 
 
 class ScriptedBackend:
     name = "scripted"
 
-    def __init__(self, script: dict[str, Any] | None = None, script_path: Path | None = None):
+    def __init__(
+        self,
+        script: dict[str, Any] | None = None,
+        script_path: Path | None = None,
+        prose: dict[str, str | list[str]] | None = None,
+    ):
         self.model = "scripted"
         self._script = dict(script or {})
         self._script_path = script_path
+        self._prose = dict(prose or {})
 
     async def load(self) -> None:
         if self._script_path is not None:
@@ -34,6 +43,11 @@ class ScriptedBackend:
 
     async def generate(self, request: GenerationRequest) -> Generation:
         question = request.question.strip()
+        if request.metadata.get("kind") == "prose":
+            texts = self._prose.get(question) or [NO_SOLUTION]
+            texts = [texts] if isinstance(texts, str) else texts
+            first = request.first_sample
+            return Generation([texts[min(first + i, len(texts) - 1)] for i in range(request.n)])
         scripted = self._script.get(question)
         if scripted is not None:
             texts = scripted if isinstance(scripted, list) else [scripted]

@@ -39,8 +39,8 @@ def test_the_committed_split_is_the_scripts_output_and_apart_from_test() -> None
         for line in (GSM8K / "test.norm.jsonl").read_text(encoding="utf-8").split("\n")
         if line
     }
-    from evals.modes import direct_prompt
     from planner.prompting import few_shot
+    from planner.prose import prose_prompt
 
-    shown = {e["question"] for e in few_shot()} | {q for q, _ in direct_prompt().examples}
+    shown = {e["question"] for e in few_shot()} | {q for q, _ in prose_prompt().examples}
     assert not {r["question"] for r in rows} & (test | shown)

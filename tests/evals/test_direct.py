@@ -11,11 +11,10 @@ from evals.data import Item
 from evals.modes import (
     DIRECT_MAX_TOKENS,
     DirectRunner,
-    direct_prompt,
     load_direct_backend,
-    parse_prompt,
 )
 from planner.backends.base import Generation, GenerationRequest
+from planner.prose import parse_prompt, prose_prompt
 from services.settings import PlannerSettings
 from tests.conftest import DATASETS
 
@@ -42,7 +41,7 @@ class FakeModel:
 
 
 def test_prompt_file_has_system_and_train_examples_only() -> None:
-    prompt = direct_prompt()
+    prompt = prose_prompt()
     assert "The answer is N." in prompt.system
     assert len(prompt.examples) >= 3
     train = {}

@@ -73,3 +73,12 @@ def test_an_integer_past_the_float_range_is_scored_not_raised() -> None:
     assert isinstance(huge, int)
     assert is_correct(huge, 34) is False
     assert is_correct(huge, huge) is True
+
+
+def test_an_absurd_exponent_is_no_answer_and_costs_nothing() -> None:
+    import time
+
+    started = time.monotonic()
+    assert extract_number("The answer is 1e999999999.") is None
+    assert extract_number("The answer is 2e400.") == 2 * 10**400
+    assert time.monotonic() - started < 0.5

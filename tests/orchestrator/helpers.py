@@ -23,6 +23,7 @@ from orchestrator.tools.base import ToolContext, ToolError
 from orchestrator.tools.calc import calc
 from orchestrator.tools.registry import Tool, ToolRegistry
 from services import toolspecs
+from services.answers import last_number
 from services.schemas import ToolSpec
 from services.settings import OrchestratorSettings
 from tests.conftest import free_port
@@ -83,14 +84,24 @@ def plan(
     }
 
 
+def votes(*answers: str | None, source: str = "plan") -> list[dict[str, Any]]:
+    """`agreement.votes` as /reason reports it, for answers in the order drawn."""
+    return [{"source": source, "answer": a} for a in answers]
+
+
 @dataclass
 class FakePlanner:
-    """Answers /plan from a script: question -> list of rounds, each a list of plans."""
+    """Answers /plan from a script: question -> list of rounds, each a list of plans; and
+    /solve from `prose`: question -> solution texts, or `solve_mode` to fail."""
 
     script: dict[str, list[list[dict[str, Any]]]] = field(default_factory=dict)
     mode: str = "ok"  # ok | hang | error | planning_failed | raw
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw: Any = None  # mode "raw": this body, as is, with status 200
+    prose: dict[str, list[str]] = field(default_factory=dict)
+    solve_mode: str = "ok"  # ok | hang | error | raw (`solve_raw` as is)
+    solve_raw: Any = None
+    solve_requests: list[dict[str, Any]] = field(default_factory=list)
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -134,6 +145,27 @@ class FakePlanner:
             plans = rounds[min(done, len(rounds) - 1)][offset : offset + body.get("n", 1)]
             return {"plans": plans, "model": "fake", "backend": "fake", "latency_ms": 1.0}
 
+        @app.post("/solve")
+        async def solve(request: Request) -> Any:
+            body = await request.json()
+            self.solve_requests.append(body)
+            if self.solve_mode == "hang":
+                await asyncio.sleep(3600)
+            if self.solve_mode == "error":
+                return JSONResponse(
+                    {"error": {"type": "internal_error", "message": "boom"}, "trace_id": "0" * 32},
+                    status_code=500,
+                )
+            if self.solve_mode == "raw":
+                return JSONResponse(self.solve_raw)
+            texts = self.prose.get(body["question"], [])
+            offset = body.get("offset", 0)
+            solutions = [
+                {"text": t, "answer": last_number(t)}
+                for t in texts[offset : offset + body.get("n", 1)]
+            ]
+            return {"solutions": solutions, "model": "fake", "backend": "fake", "latency_ms": 1.0}
+
         return app
 
 
@@ -148,6 +180,7 @@ class FakeVerifier:
     # Fields of every result replaced by these (a verifier answering outside its schema)
     override: dict[str, Any] = field(default_factory=dict)
     batch_results: int | None = None  # a batch reply cut to this many results
+    claims: list[dict[str, Any]] = field(default_factory=list)  # every item asked about
 
     def _score(self, statement: str) -> dict[str, Any]:
         p = self.default
@@ -177,7 +210,9 @@ class FakeVerifier:
 
         @app.post("/verify")
         async def verify(request: Request) -> Any:
-            return await gate() or reply(self._score((await request.json())["statement"]))
+            body = await request.json()
+            self.claims.append(body)
+            return await gate() or reply(self._score(body["statement"]))
 
         @app.post("/verify/batch")
         async def batch(request: Request) -> Any:
@@ -185,6 +220,7 @@ class FakeVerifier:
             if failed:
                 return failed
             items = (await request.json())["items"]
+            self.claims.extend(items)
             results = [self._score(i["statement"]) for i in items]
             return reply({"results": results[: self.batch_results], "latency_ms": 1.0})
 

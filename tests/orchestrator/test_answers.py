@@ -54,6 +54,23 @@ def test_a_huge_numeric_output_does_not_stall_the_request(tmp_path) -> None:
     assert took < 5
 
 
+@pytest.mark.integration
+def test_votes_list_every_plans_answer_and_cut_long_ones(tmp_path) -> None:
+    long = "7" * 300
+    script = {"q": [[plan(("s1", "echo", long, [])), plan(("s1", "echo", "8", []))]]}
+    with orchestrator_stack(tmp_path, FakePlanner(script), FakeVerifier()) as url:
+        r = httpx.post(
+            f"{url}/reason", json={"question": "q", "options": {"n_plans": 2}}, timeout=60
+        )
+    assert r.status_code == 200, r.text
+    body = r.json()
+    assert body["answer"] == long  # the served answer is whole; only its vote is cut
+    assert body["agreement"]["votes"] == [
+        {"source": "plan", "answer": "7" * 200 + "…"},
+        {"source": "plan", "answer": "8"},
+    ]
+
+
 @pytest.mark.unit
 def test_a_huge_step_output_does_not_push_the_rest_of_the_work_out_of_the_claim() -> None:
     from orchestrator.executor import Execution

@@ -20,6 +20,7 @@ from tests.orchestrator.helpers import (
     ToolSwitch,
     orchestrator_stack,
     plan,
+    votes,
 )
 
 pytestmark = [pytest.mark.integration]
@@ -171,7 +172,12 @@ def test_the_served_rounds_vote_is_the_one_reported(tmp_path) -> None:
         # both rounds rejected; round 1's winner (agreed on, 0.4) is trusted more than
         # round 2's; its first two plans agreed, which settles a vote of three
         assert body["answer"] == "5" and body["verdict"] == "rejected"
-        assert body["agreement"] == {"plans": 2, "agreeing": 2, "rounds": 2}
+        assert body["agreement"] == {
+            "plans": 2,
+            "agreeing": 2,
+            "rounds": 2,
+            "votes": votes("5", "5"),
+        }
 
 
 def test_self_consistency_counts_executed_answers(tmp_path) -> None:
@@ -182,7 +188,12 @@ def test_self_consistency_counts_executed_answers(tmp_path) -> None:
         body = ask(url, "q", n_plans=4)[0].json()
         # three plans say 4, one says 5: the count decides, not the verifier's 0.9
         assert body["answer"] == "4" and body["confidence"] == pytest.approx(0.6)
-        assert body["agreement"] == {"plans": 4, "agreeing": 3, "rounds": 1}
+        assert body["agreement"] == {
+            "plans": 4,
+            "agreeing": 3,
+            "rounds": 1,
+            "votes": votes("4", "5", "4", "4"),
+        }
         # a majority (3) first; 4, 5, 4 leave it open, so the fourth is drawn
         assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(3, 0), (1, 3)]
         assert all(r["distinct"] is False for r in planner.requests)

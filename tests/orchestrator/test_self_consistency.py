@@ -11,7 +11,13 @@ import pytest
 from orchestrator.executor import Execution
 from orchestrator.service import Attempt, settled, vote
 from services.schemas import Plan, PlanStep, StepResult
-from tests.orchestrator.helpers import FakePlanner, FakeVerifier, orchestrator_stack, plan
+from tests.orchestrator.helpers import (
+    FakePlanner,
+    FakeVerifier,
+    orchestrator_stack,
+    plan,
+    votes,
+)
 
 
 def ask(url: str, question: str, **options) -> dict:
@@ -91,7 +97,12 @@ def test_agreeing_first_plans_stop_the_draw(tmp_path) -> None:
     with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
         body = ask(url, "q", n_plans=5)
         assert body["answer"] == "4"
-        assert body["agreement"] == {"plans": 3, "agreeing": 3, "rounds": 1}
+        assert body["agreement"] == {
+            "plans": 3,
+            "agreeing": 3,
+            "rounds": 1,
+            "votes": votes("4", "4", "4"),
+        }
         assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(3, 0)]
 
 
@@ -101,7 +112,12 @@ def test_an_open_vote_draws_the_rest_and_counts_them(tmp_path) -> None:
     with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
         body = ask(url, "q", n_plans=5)
         assert body["answer"] == "5"
-        assert body["agreement"] == {"plans": 5, "agreeing": 3, "rounds": 1}
+        assert body["agreement"] == {
+            "plans": 5,
+            "agreeing": 3,
+            "rounds": 1,
+            "votes": votes("4", "5", "6", "5", "5"),
+        }
         assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(3, 0), (2, 3)]
         # without adaptive sampling the five are drawn at once
         full = ask(url, "q", n_plans=5, adaptive=False, use_cache=False)
@@ -133,7 +149,12 @@ def test_when_more_plans_cannot_be_drawn_the_first_ones_vote(tmp_path) -> None:
     with orchestrator_stack(tmp_path, planner, FakeVerifier(), max_replans=0) as url:
         body = ask(url, "q", n_plans=5)
         assert body["answer"] == "4"
-        assert body["agreement"] == {"plans": 3, "agreeing": 2, "rounds": 1}
+        assert body["agreement"] == {
+            "plans": 3,
+            "agreeing": 2,
+            "rounds": 1,
+            "votes": votes("4", "5", "4"),
+        }
 
 
 @pytest.mark.integration
@@ -158,7 +179,12 @@ def test_low_agreement_is_replanned_with_the_disagreement_as_feedback(tmp_path) 
     ) as url:
         body = ask(url, "q", n_plans=5)
         assert body["answer"] == "6"
-        assert body["agreement"] == {"plans": 3, "agreeing": 3, "rounds": 2}
+        assert body["agreement"] == {
+            "plans": 3,
+            "agreeing": 3,
+            "rounds": 2,
+            "votes": votes("6", "6", "6"),
+        }
         feedback = planner.requests[-1]["feedback"]
         assert "disagreed" in feedback and "'4' (1 of 5)" in feedback
 

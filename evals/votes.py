@@ -1,0 +1,123 @@
+"""Replays votes over programs and prose from the sampling study's result lines.
+
+A `votes4x4` line keeps every vote of its item in the order drawn (`agreement.votes`:
+four executed plans, then four chain-of-thought solutions, the first of them greedy).
+Any vote over the first `p` plans and the first `q` solutions can be replayed from it,
+the way the orchestrator counts: answers that mean the same number vote together
+(`orchestrator.service.answer_key`), the most votes win, and a tie goes to the sample
+drawn first (plans before solutions, as the orchestrator orders them; the verifier,
+which breaks ties when asked, is left out). A replay is scored with the evaluation's
+one extraction rule.
+
+    python -m evals.votes docs/eval/dev/1.5b-votes4x4.jsonl
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from evals.extract import extract_number, is_correct
+from evals.stats import wilson_interval
+from orchestrator.service import answer_key
+
+
+@dataclass(frozen=True)
+class VoteItem:
+    id: str
+    gold: int | float
+    plans: tuple[str | None, ...]
+    prose: tuple[str | None, ...]
+
+
+def load(paths: Iterable[Path]) -> list[VoteItem]:
+    """The last line of each item with every vote recorded (failed requests left out)."""
+    last: dict[str, dict] = {}
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                record = json.loads(line)
+                last[record["id"]] = record
+    items = []
+    for record in last.values():
+        votes = (record.get("agreement") or {}).get("votes") or []
+        if record.get("error") or not votes:
+            continue
+        items.append(
+            VoteItem(
+                id=record["id"],
+                gold=record["gold"],
+                plans=tuple(v["answer"] for v in votes if v["source"] == "plan"),
+                prose=tuple(v["answer"] for v in votes if v["source"] == "prose"),
+            )
+        )
+    return items
+
+
+def winner(answers: Sequence[str | None]) -> str | None:
+    """The answer most of `answers` agree on; a tie goes to the one given first."""
+    counts: dict[str, int] = {}
+    first: dict[str, str] = {}
+    for a in answers:
+        k = answer_key(a)
+        if k is not None:
+            counts[k] = counts.get(k, 0) + 1
+            first.setdefault(k, a or "")
+    if not counts:
+        return None
+    order = list(first)
+    best = max(counts, key=lambda k: (counts[k], -order.index(k)))
+    return first[best]
+
+
+def replay(item: VoteItem, p: int, q: int) -> str | None:
+    return winner([*item.plans[:p], *item.prose[:q]])
+
+
+def right(item: VoteItem, answer: str | None) -> bool:
+    return is_correct(extract_number(answer), item.gold)
+
+
+def table(items: list[VoteItem], max_p: int = 4, max_q: int = 4) -> list[dict]:
+    rows = []
+    for p in range(max_p + 1):
+        for q in range(max_q + 1):
+            if p + q == 0:
+                continue
+            usable = [i for i in items if len(i.plans) >= p and len(i.prose) >= q]
+            k = sum(right(i, replay(i, p, q)) for i in usable)
+            low, high = wilson_interval(k, len(usable))
+            rows.append(
+                {"plans": p, "prose": q, "items": len(usable), "right": k, "ci": (low, high)}
+            )
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("paths", nargs="+", type=Path)
+    args = parser.parse_args(argv)
+    items = load(args.paths)
+    if not items:
+        print("no item with recorded votes", file=sys.stderr)
+        return 1
+    print(f"{len(items)} items\n")
+    print("| plans | prose | samples | right | accuracy | Wilson 95% |")
+    print("|---:|---:|---:|---:|---:|---|")
+    for row in table(items):
+        n = row["items"]
+        low, high = row["ci"]
+        print(
+            f"| {row['plans']} | {row['prose']} | {row['plans'] + row['prose']} | "
+            f"{row['right']}/{n} | {100 * row['right'] / n:.1f}% | "
+            f"{100 * low:.1f}–{100 * high:.1f} |"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
