@@ -109,6 +109,10 @@ class PlannerSettings(CommonSettings):
     # flight; a request joins the running batch between two tokens). 1 decodes one
     # sequence at a time, still through the prefix cache.
     max_batch: int = Field(default=8, ge=1, le=64)
+    # llama.cpp only: prompt prefixes kept evaluated in the cache (the plan prompt and the
+    # chain-of-thought prompt of /solve are both in use when /reason votes over plans
+    # and prose); each slot past the first adds 2,048 cells to the cache.
+    prefix_slots: int = Field(default=2, ge=1, le=8)
     # llama.cpp only: requests waiting for room in the batch; past it, 503 overloaded
     # with Retry-After.
     max_queued: int = Field(default=32, ge=0, le=4096)

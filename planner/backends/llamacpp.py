@@ -99,6 +99,7 @@ def batch_threads() -> int:
 
 
 CPUINFO = Path("/proc/cpuinfo")
+PREFIX_SLOT_CELLS = 2048  # KV cells set aside per cached prefix past the first
 
 
 def cpu_has_amx(cpuinfo: Path = CPUINFO) -> bool:
@@ -208,6 +209,7 @@ class LlamaCppBackend:
         # benchmark's baseline, and the path of the GBNF engine).
         self.batching = batching and (not constrained or self.grammar_engine == "xgrammar")
         self.max_batch = settings.max_batch
+        self.prefix_slots = settings.prefix_slots
         self._engine: BatchEngine | None = None
         self._cache_dir = cache_dir
         self._llm: Any = None
@@ -240,6 +242,7 @@ class LlamaCppBackend:
                 max_queued=self.settings.max_queued,
                 prompt_limit=self.settings.n_ctx,
                 model_name=self.model,
+                prefix_slots=self.prefix_slots,
             )
         elif self.batching:
             log.warning(
@@ -273,11 +276,16 @@ class LlamaCppBackend:
         return open_llama(
             gguf,
             extra_buffers=self.extra_buffers,
-            # Sequence 0 holds the prompt prefix, 1..max_batch the samples.
-            n_seq_max=batch + 1 if self.batching else 1,
+            # The first sequences hold the cached prompt prefixes, the rest the samples.
+            n_seq_max=batch + self.prefix_slots if self.batching else 1,
             # The KV cache is unified: the prefix's cells once, each request's question
-            # once, each sample's completion on top; one prefill chunk of slack.
-            n_ctx=self.settings.n_ctx + (batch - 1) * self.settings.max_tokens + 512
+            # once, each sample's completion on top; one prefill chunk of slack; room for
+            # the other cached prefixes (the plan prompt is ~1,200 tokens, the
+            # chain-of-thought prompt ~660).
+            n_ctx=self.settings.n_ctx
+            + (batch - 1) * self.settings.max_tokens
+            + 512
+            + (self.prefix_slots - 1) * PREFIX_SLOT_CELLS
             if self.batching
             else self.settings.n_ctx,
             n_batch=512,

@@ -17,14 +17,18 @@ One engine thread owns the context. Requests become jobs (`submit`, from any thr
    `Overloaded` (503 with `Retry-After`).
 2. Between two decode steps the engine admits waiting jobs, in order, while there are
    free sequence ids and KV cells for them. Admission is the job's prefill:
-   - Sequence 0 holds the prompt prefix (system prompt, tool list, few-shot exchanges:
-     every message but the last). A job whose prompt starts with it copies its cells
+   - The first `prefix_slots` sequences hold prompt prefixes (system prompt, tool list,
+     few-shot exchanges: every message but the last), one each: the planner's plan
+     prompt and its chain-of-thought prompt are both in use when a request votes over
+     plans and prose. A job whose prompt starts with a cached prefix copies its cells
      (`llama_memory_seq_cp`: the same cells get one more sequence tag, nothing is
      copied) and evaluates only its question. A job with another prefix (another tool
-     list, another prompt) first makes its prefix the cached one: sequence 0 is cleared
-     and its prefix evaluated from position 0, so a prefix's cells are the same values
-     however they came to be cached. Jobs still decoding on the old prefix keep its cells
-     through their own tags.
+     list, another prompt) caches its prefix first, on a free prefix sequence or on the
+     least recently used one's, which is cleared; the prefix is evaluated from position
+     0, so a prefix's cells are the same values however they came to be cached. Jobs
+     still decoding on an evicted prefix keep its cells through their own tags. Cached
+     prefixes no job uses are evicted, least recently used first, when a job needs
+     their cells.
    - The question is evaluated once on the job's first sequence and its cells shared
      with the job's other sequences (its n samples).
    - Each sequence samples its first token from the question's last logits.
@@ -217,11 +221,13 @@ class _Sequence:
 
 @dataclass(eq=False)
 class _Prefix:
-    """A prefix whose cells are in the cache: on sequence 0 while it is the current one,
-    and on the sequences of the jobs that copied it (`refs`)."""
+    """A prefix whose cells are in the cache: on its own sequence `seq` while it is
+    cached, and on the sequences of the jobs that copied it (`refs`)."""
 
     tokens: list[int]
+    seq: int = 0
     refs: int = 0
+    used: int = 0  # when a job last started on it (the engine's job count)
 
 
 def chat_formatter(llm: Any) -> Any:
@@ -288,9 +294,9 @@ def sampler_chain(temperature: float, top_p: float, seed: int) -> Any:
 class BatchEngine:
     """The scheduler and decode loop over one llama.cpp context (see the module docstring).
 
-    `llm` must be opened with `n_seq_max` >= `max_batch` + 1 (sequence 0 holds the prefix)
-    in a unified KV cache, with flash attention; nothing else may use its context while
-    the engine runs. `prompt_limit` is the most tokens a job's prompt and completion may
+    `llm` must be opened with `n_seq_max` >= `max_batch` + `prefix_slots` (the first
+    sequences hold the cached prefixes) in a unified KV cache, with flash attention;
+    nothing else may use its context while the engine runs. `prompt_limit` is the most tokens a job's prompt and completion may
     take together (the service's `n_ctx`): a longer prompt fails at once with
     `ValueError`, a completion stops there.
     """
@@ -305,6 +311,7 @@ class BatchEngine:
         max_queued: int,
         prompt_limit: int,
         model_name: str,
+        prefix_slots: int = 1,
     ) -> None:
         from llama_cpp import llama_cpp as lib
 
@@ -317,8 +324,11 @@ class BatchEngine:
         self.max_batch = max_batch
         self.max_queued = max_queued
         self.prompt_limit = prompt_limit
-        if lib.llama_n_seq_max(self._ctx) < max_batch + 1:
-            raise ValueError("the context holds fewer sequences than max_batch + 1")
+        if prefix_slots < 1:
+            raise ValueError("the engine needs at least one prefix slot")
+        if lib.llama_n_seq_max(self._ctx) < max_batch + prefix_slots:
+            raise ValueError("the context holds fewer sequences than max_batch + prefix_slots")
+        self.prefix_slots = prefix_slots
         self.n_cells = lib.llama_n_ctx(self._ctx)
         self._vocab = llm.n_vocab()
         self._n_batch = llm.n_batch
@@ -326,9 +336,10 @@ class BatchEngine:
         self._cond = threading.Condition()
         self._waiting: deque[Job] = deque()
         self._running: list[Job] = []
-        self._free_ids = list(range(1, max_batch + 1))
-        self._prefix = _Prefix([])
-        self._reserved = 0  # KV cells held by running jobs and pinned prefixes
+        self._free_ids = list(range(prefix_slots, prefix_slots + max_batch))
+        self._prefixes: list[_Prefix] = []  # cached, one per prefix sequence
+        self._started = 0  # jobs started: the clock of the prefixes' `used`
+        self._reserved = 0  # KV cells held by running jobs and cached or pinned prefixes
         self._job_s = 5.0  # running mean of a job's time, for Retry-After
         self._closing = False
         self._batch = lib.llama_batch_init(max(max_batch, self._n_batch), 0, 1)
@@ -415,7 +426,7 @@ class BatchEngine:
         for job in list(self._running):
             self._finish(job, exc)
         self._lib.llama_memory_seq_rm(self._mem, -1, -1, -1)
-        self._prefix = _Prefix([])
+        self._prefixes = []
         self._reserved = 0
 
     def _drop_cancelled(self) -> None:
@@ -454,10 +465,12 @@ class BatchEngine:
                 # As llama.cpp does: a completion ends where the context does.
                 job.max_tokens = min(job.max_tokens, self.prompt_limit - len(job.prompt))
             n = len(job.seeds)
-            hit = job.prefix == self._prefix.tokens
+            cached = self._cached(job.prefix)
             job.cells = len(job.prompt) - len(job.prefix) + n * job.max_tokens
-            need = job.cells + (0 if hit else len(job.prefix))
-            held = self._reserved - (0 if hit or self._prefix.refs else len(self._prefix.tokens))
+            need = job.cells + (0 if cached else len(job.prefix))
+            # cached prefixes no job uses give their cells up to a job that needs them
+            spare = sum(len(p.tokens) for p in self._evictable(cached))
+            held = self._reserved - spare
             room = self.n_cells - self._n_batch
             if len(self._free_ids) < n or held + need > room:
                 if not self._running and need > room:  # would never fit: do not wait
@@ -469,7 +482,7 @@ class BatchEngine:
                     continue
                 return  # the head of the queue waits for room; FIFO, so no starvation
             if self._pop(job):
-                self._start(job, hit)
+                self._start(job, cached)
 
     def _pop(self, job: Job) -> bool:
         """Take `job` off the queue; False if a caller already took it (cancelled)."""
@@ -484,20 +497,23 @@ class BatchEngine:
         if self._pop(job):
             _notify(job, ValueError(message))
 
-    def _start(self, job: Job, hit: bool) -> None:
+    def _start(self, job: Job, cached: _Prefix | None) -> None:
         lib = self._lib
         job.admitted = t0 = time.perf_counter()
-        if hit:
+        if cached is not None:
             job.prefix_cached = len(job.prefix)
+            prefix = cached
+            self._make_room(job.cells, keep=prefix)
         else:
             try:
-                self._set_prefix(job.prefix)
+                prefix = self._cache_prefix(job.prefix, job.cells)
             except Exception as exc:
                 _notify(job, exc)
                 return
             job.prompt_eval += len(job.prefix)
             job.prefill_s += time.perf_counter() - t0
-        prefix = self._prefix
+        self._started += 1
+        prefix.used = self._started
         prefix.refs += 1
         job.pinned = prefix
         self._reserved += job.cells
@@ -516,7 +532,7 @@ class BatchEngine:
 
                     seq.matcher = xgrammar.GrammarMatcher(job.grammar)
             first = job.seqs[0].id
-            lib.llama_memory_seq_cp(self._mem, 0, first, -1, -1)
+            lib.llama_memory_seq_cp(self._mem, prefix.seq, first, -1, -1)
             t0 = time.perf_counter()
             row = self._evaluate(job.prompt, len(job.prefix), first, job.cancel)
             job.prefill_s += time.perf_counter() - t0
@@ -536,22 +552,47 @@ class BatchEngine:
         if all(seq.done for seq in job.seqs):
             self._finish(job, None)
 
-    def _set_prefix(self, tokens: list[int]) -> None:
-        """Make `tokens` the cached prefix on sequence 0, evaluated from position 0."""
-        lib = self._lib
-        old = self._prefix
-        lib.llama_memory_seq_rm(self._mem, 0, -1, -1)
-        if old.refs == 0:
-            self._reserved -= len(old.tokens)
-        self._prefix = _Prefix(list(tokens))
+    def _cached(self, tokens: list[int]) -> _Prefix | None:
+        return next((p for p in self._prefixes if p.tokens == tokens), None)
+
+    def _evictable(self, keep: _Prefix | None) -> list[_Prefix]:
+        """Cached prefixes no job uses, but `keep`; least recently used first."""
+        idle = [p for p in self._prefixes if p.refs == 0 and p is not keep]
+        return sorted(idle, key=lambda p: p.used)
+
+    def _evict(self, prefix: _Prefix) -> None:
+        """Uncache `prefix`: its sequence is cleared; jobs on it keep its cells (and the
+        cells stay reserved until the last of them finishes)."""
+        self._prefixes.remove(prefix)
+        self._lib.llama_memory_seq_rm(self._mem, prefix.seq, -1, -1)
+        if prefix.refs == 0:
+            self._reserved -= len(prefix.tokens)
+
+    def _make_room(self, cells: int, keep: _Prefix | None) -> None:
+        """Evict idle prefixes, least recently used first, until `cells` more fit."""
+        room = self.n_cells - self._n_batch
+        for idle in self._evictable(keep):
+            if self._reserved + cells <= room:
+                return
+            self._evict(idle)
+
+    def _cache_prefix(self, tokens: list[int], cells: int) -> _Prefix:
+        """Cache `tokens` as a prefix, evaluated from position 0 on a prefix sequence of
+        its own: a free one, or the least recently used one's (an idle one first)."""
+        self._make_room(cells + len(tokens), keep=None)
+        if len(self._prefixes) == self.prefix_slots:
+            self._evict(min(self._prefixes, key=lambda p: (p.refs > 0, p.used)))
+        taken = {p.seq for p in self._prefixes}
+        seq = min(k for k in range(self.prefix_slots) if k not in taken)
+        prefix = _Prefix(list(tokens), seq=seq)
+        self._prefixes.append(prefix)
         self._reserved += len(tokens)
         try:
-            self._evaluate(tokens, 0, 0, None, logits=False)
+            self._evaluate(tokens, 0, seq, None, logits=False)
         except Exception:
-            lib.llama_memory_seq_rm(self._mem, 0, -1, -1)
-            self._reserved -= len(tokens)
-            self._prefix = _Prefix([])
+            self._evict(prefix)
             raise
+        return prefix
 
     def _evaluate(
         self,
@@ -695,7 +736,7 @@ class BatchEngine:
         self._reserved -= job.cells
         if job.pinned is not None:
             job.pinned.refs -= 1
-            if job.pinned.refs == 0 and job.pinned is not self._prefix:
+            if job.pinned.refs == 0 and job.pinned not in self._prefixes:
                 self._reserved -= len(job.pinned.tokens)
             job.pinned = None
         RUNNING.labels(**self._labels).set(len(self._running))

@@ -193,6 +193,56 @@ def test_the_prefix_is_evaluated_once_and_again_when_it_changes(backend: Any) ->
     assert changed.texts == expected
 
 
+def test_two_prompts_in_turn_both_stay_cached_and_the_least_recent_goes_first(
+    backend: Any,
+) -> None:
+    prompts = [
+        {"role": "system", "content": f"Answer with a plan as JSON, form {k}."} for k in "ABC"
+    ]
+    a, b, c = (request(question=QUESTIONS[0], system=p) for p in prompts)
+    run(backend, a)
+    run(backend, b)
+    # the plan prompt and the chain-of-thought prompt of one request, in turn: both hit
+    assert run(backend, a).usage.prefix_cached_tokens > 0
+    assert run(backend, b).usage.prefix_cached_tokens > 0
+    run(backend, c)  # a third prompt takes the slot of the least recently used (a)
+    assert run(backend, b).usage.prefix_cached_tokens > 0
+    assert run(backend, a).usage.prefix_cached_tokens == 0
+
+
+def test_an_idle_cached_prefix_gives_its_cells_to_a_job_that_needs_them(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from planner.backends import llamacpp
+
+    monkeypatch.setattr(llamacpp, "PREFIX_SLOT_CELLS", 0)  # no room set aside for b
+    backend = make_backend(max_batch=1, n_ctx=4096, prefix_slots=2)
+    long_a = {"role": "system", "content": "Answer with a plan as JSON. Use calc. " * 30}
+    long_b = {"role": "system", "content": "Answer with a JSON plan. Use calc. " * 30}
+
+    async def scenario() -> tuple[int, int]:
+        await backend.load()
+        try:
+            await backend.generate(request(question=QUESTIONS[0], system=long_a))
+            await backend.generate(request(question=QUESTIONS[0], system=long_b))
+            engine = backend.engine
+            assert engine is not None and len(engine._prefixes) == 2
+            len_b = len(engine._prefixes[1].tokens)
+            hit = (await backend.generate(request(question=QUESTIONS[0], system=long_a))).usage
+            question = hit.prompt_tokens - hit.prefix_cached_tokens
+            # a job on a that fits only without b's cells: b (idle) is evicted for it
+            room = engine.n_cells - 512
+            big = room - hit.prefix_cached_tokens - question - len_b // 2
+            await backend.generate(request(question=QUESTIONS[0], system=long_a, max_tokens=big))
+            b_again = (await backend.generate(request(question=QUESTIONS[0], system=long_b))).usage
+            return hit.prefix_cached_tokens, b_again.prefix_cached_tokens
+        finally:
+            await backend.close()
+
+    a_cached, b_cached = asyncio.run(scenario())
+    assert a_cached > 200 and b_cached == 0
+
+
 def test_a_full_queue_answers_overloaded_with_retry_after() -> None:
     backend = make_backend(max_batch=1, max_queued=1, n_ctx=2048)
     many = {"type": "array", "items": {"type": "integer"}, "minItems": 300, "maxItems": 300}
@@ -339,7 +389,8 @@ def test_a_failed_llama_cpp_step_fails_its_requests_with_503_and_the_engine_serv
 
 
 def test_a_job_the_cache_can_never_hold_is_refused_not_left_waiting() -> None:
-    backend = make_backend(max_batch=2, max_tokens=64)  # a cache sized for 64-token plans
+    # a cache sized for 64-token plans and one prefix
+    backend = make_backend(max_batch=2, max_tokens=64, prefix_slots=1)
 
     async def scenario() -> InvalidRequest:
         await backend.load()

@@ -11,7 +11,7 @@ from typing import Any
 import pytest
 
 import planner.backends.llamacpp as llamacpp
-from planner.backends.llamacpp import LlamaCppBackend
+from planner.backends.llamacpp import PREFIX_SLOT_CELLS, LlamaCppBackend
 from services.settings import PlannerSettings
 
 pytestmark = pytest.mark.unit
@@ -46,14 +46,16 @@ def test_thread_settings_are_taken_as_given(monkeypatch: pytest.MonkeyPatch) -> 
     assert (kwargs["n_threads"], kwargs["n_threads_batch"]) == (3, 5)
 
 
-def test_the_engine_gets_a_sequence_per_sample_plus_the_prefix(
+def test_the_engine_gets_a_sequence_per_sample_plus_the_prefixes(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    settings = PlannerSettings(backend="llamacpp", max_batch=4, n_ctx=2048, max_tokens=256)
+    settings = PlannerSettings(
+        backend="llamacpp", max_batch=4, n_ctx=2048, max_tokens=256, prefix_slots=3
+    )
     kwargs = load_kwargs(monkeypatch, LlamaCppBackend(settings))
-    assert kwargs["n_seq_max"] == 5 and kwargs["flash_attn"] is True
-    # One prompt, three more completions, one prefill chunk of slack.
-    assert kwargs["n_ctx"] == 2048 + 3 * 256 + 512
+    assert kwargs["n_seq_max"] == 4 + 3 and kwargs["flash_attn"] is True
+    # One prompt, three more completions, one prefill chunk of slack, two more prefixes.
+    assert kwargs["n_ctx"] == 2048 + 3 * 256 + 512 + 2 * PREFIX_SLOT_CELLS
     sequential = load_kwargs(monkeypatch, LlamaCppBackend(settings, batching=False))
     assert sequential["n_seq_max"] == 1 and sequential["flash_attn"] is False
     assert sequential["n_ctx"] == 2048
