@@ -99,7 +99,7 @@ class FakePlanner:
     requests: list[dict[str, Any]] = field(default_factory=list)
     raw: Any = None  # mode "raw": this body, as is, with status 200
     prose: dict[str, list[str]] = field(default_factory=dict)
-    solve_mode: str = "ok"  # ok | hang | error | raw (`solve_raw` as is)
+    solve_mode: str = "ok"  # ok | hang | error | missing (404) | raw (`solve_raw` as is)
     solve_raw: Any = None
     solve_requests: list[dict[str, Any]] = field(default_factory=list)
 
@@ -158,6 +158,8 @@ class FakePlanner:
                 )
             if self.solve_mode == "raw":
                 return JSONResponse(self.solve_raw)
+            if self.solve_mode == "missing":  # a planner from before /solve
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
             texts = self.prose.get(body["question"], [])
             offset = body.get("offset", 0)
             solutions = [

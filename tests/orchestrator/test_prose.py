@@ -103,6 +103,7 @@ def test_the_cache_keeps_answers_with_and_without_prose_apart(tmp_path) -> None:
     "mode, raw",
     [
         ("error", None),
+        ("missing", None),
         ("raw", {"solutions": "72", "model": "m", "backend": "b", "latency_ms": 1}),
         # an answer past the wire's bound: model output held to the schema
         (
