@@ -24,6 +24,7 @@ from pathlib import Path
 from evals.extract import extract_number, is_correct
 from evals.stats import wilson_interval
 from orchestrator.service import answer_key
+from services.answers import numbers
 
 
 @dataclass(frozen=True)
@@ -32,6 +33,7 @@ class VoteItem:
     gold: int | float
     plans: tuple[str | None, ...]
     prose: tuple[str | None, ...]
+    question: str = ""
 
 
 def load(paths: Iterable[Path]) -> list[VoteItem]:
@@ -53,6 +55,7 @@ def load(paths: Iterable[Path]) -> list[VoteItem]:
                 gold=record["gold"],
                 plans=tuple(v["answer"] for v in votes if v["source"] == "plan"),
                 prose=tuple(v["answer"] for v in votes if v["source"] == "prose"),
+                question=record.get("question", ""),
             )
         )
     return items
@@ -97,6 +100,23 @@ def table(items: list[VoteItem], max_p: int = 4, max_q: int = 4) -> list[dict]:
     return rows
 
 
+def largest_number(question: str) -> float:
+    """The largest number the question states (0 when none)."""
+    values = [extract_number(n) for n in numbers(question)]
+    return max((abs(float(v)) for v in values if v is not None), default=0.0)
+
+
+def routed(
+    items: list[VoteItem], big: float, large: tuple[int, int], small: tuple[int, int]
+) -> int:
+    """Right answers of a router by the question's numbers: the `large` (plans, prose)
+    vote where a number of at least `big` appears, the `small` one elsewhere."""
+    return sum(
+        right(i, replay(i, *(large if largest_number(i.question) >= big else small)))
+        for i in items
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path)
@@ -115,6 +135,16 @@ def main(argv: list[str] | None = None) -> int:
             f"| {row['plans']} | {row['prose']} | {row['plans'] + row['prose']} | "
             f"{row['right']}/{n} | {100 * row['right'] / n:.1f}% | "
             f"{100 * low:.1f}–{100 * high:.1f} |"
+        )
+    full = [i for i in items if len(i.plans) >= 4 and len(i.prose) >= 4]
+    oracle = sum(any(right(i, a) for a in (*i.plans, *i.prose)) for i in full)
+    print(f"\nsome sample right (the headroom of any vote or router): {oracle}/{len(full)}")
+    for big in (100, 1000, 10000):
+        large = sum(largest_number(i.question) >= big for i in full)
+        k = routed(full, big, (1, 0), (0, 1))
+        print(
+            f"router, one sample: a plan where a number >= {big} appears "
+            f"({large} items), else the greedy solution: {k}/{len(full)}"
         )
     return 0
 

@@ -53,3 +53,14 @@ def test_table_counts_right_answers_per_combination(tmp_path) -> None:
     assert rows[0, 2]["right"] == 1  # b's solutions say 4
     assert rows[1, 1]["right"] == 2  # b: a tie, the plan's 3 drawn first
     assert (0, 0) not in rows
+
+
+def test_a_router_by_the_questions_numbers_picks_the_vote_per_item() -> None:
+    from evals.votes import largest_number, routed
+
+    assert largest_number("She had 1,250 apples and 3.5 pears") == 1250
+    assert largest_number("no numbers") == 0
+    big = VoteItem("b", 5000, plans=("5000",), prose=("4000",), question="Add 2,500 twice")
+    small = VoteItem("s", 7, plans=("8",), prose=("7",), question="Add 3 and 4")
+    assert routed([big, small], 1000, large=(1, 0), small=(0, 1)) == 2
+    assert routed([big, small], 1000, large=(0, 1), small=(1, 0)) == 0
