@@ -156,6 +156,9 @@ def ask(
     url: str = typer.Option("http://127.0.0.1:8000", envvar="REASON_URL"),
     api_key: str | None = typer.Option(None, envvar="REASON_API_KEY"),
     n_plans: int = typer.Option(1, min=1, max=8),
+    n_prose: int = typer.Option(
+        0, min=0, max=8, help="Chain-of-thought solutions that vote beside the plans."
+    ),
     verify: bool = typer.Option(True, "--verify/--no-verify"),
     cache: bool = typer.Option(True, "--cache/--no-cache"),
     deadline_s: float = typer.Option(30.0, min=0.1, max=120.0),
@@ -166,6 +169,7 @@ def ask(
         "question": question,
         "options": {
             "n_plans": n_plans,
+            "n_prose": n_prose,
             "verify": verify,
             "use_cache": cache,
             "deadline_s": deadline_s,
@@ -197,6 +201,17 @@ def print_answer(data: dict[str, Any]) -> None:
         f"[bold]{data.get('answer')}[/bold]  [{colour}]{data['verdict']}[/{colour}] "
         f"confidence {data['confidence']:.2f}" + ("  (cached)" if data.get("cached") else "")
     )
+    agreement = data.get("agreement")
+    if agreement:
+        votes = ", ".join(
+            f"{v['source']} {_clip(str(v['answer']), 20)}" for v in agreement.get("votes", [])
+        )
+        console.print(
+            f"[dim]{agreement['agreeing']} of {agreement['plans']} votes agree"
+            + (f": {votes}" if votes else "")
+        )
+    if data.get("solution"):  # an answer only the chain-of-thought solutions gave
+        console.print(f"[dim]worked solution:[/dim]\n{data['solution']['text']}")
     if data.get("plan"):
         console.print(f"[dim]plan: {data['plan']['reasoning']}")
     table = Table("step", "tool", "status", "source", "input", "output / error", "ms")
@@ -215,7 +230,8 @@ def print_answer(data: dict[str, Any]) -> None:
     t = data.get("timings_ms", {})
     console.print(
         f"[dim]trace {data['trace_id']}  plan {t.get('plan', 0):.0f} ms  "
-        f"execute {t.get('execute', 0):.0f} ms  verify {t.get('verify', 0):.0f} ms  "
+        + (f"solve {t['solve']:.0f} ms  " if t.get("solve") else "")
+        + f"execute {t.get('execute', 0):.0f} ms  verify {t.get('verify', 0):.0f} ms  "
         f"total {t.get('total', 0):.0f} ms"
     )
 

@@ -85,3 +85,47 @@ def test_trace_rejects_bad_ids_and_reports_unknown_ones(tmp_path) -> None:
     assert r.exit_code == 2
     r = CliRunner().invoke(cli_app, ["trace", "a" * 32, "--log-dir", str(tmp_path)])
     assert r.exit_code == 1 and "no log lines" in r.output
+
+
+def test_an_answer_only_prose_gave_is_printed_with_its_solution_and_the_vote(
+    monkeypatch,
+) -> None:
+    import io
+
+    from rich.console import Console
+
+    import cli.main as main
+
+    out = io.StringIO()
+    monkeypatch.setattr(main, "console", Console(file=out, width=200))
+    main.print_answer(
+        {
+            "trace_id": "t" * 32,
+            "answer": "72",
+            "verdict": "unverified",
+            "confidence": 0.4,
+            "plan": None,
+            "steps": [],
+            "solution": {"text": "48 + 24 = 72.\nThe answer is 72.", "answer": "72"},
+            "agreement": {
+                "plans": 3,
+                "agreeing": 2,
+                "rounds": 1,
+                "votes": [
+                    {"source": "plan", "answer": "96"},
+                    {"source": "prose", "answer": "72"},
+                    {"source": "prose", "answer": "72"},
+                ],
+            },
+            "timings_ms": {
+                "plan": 10.0,
+                "solve": 12.0,
+                "execute": 1.0,
+                "verify": 0.0,
+                "total": 13.0,
+            },
+        }
+    )
+    text = out.getvalue()
+    assert "2 of 3 votes agree: plan 96, prose 72, prose 72" in text
+    assert "48 + 24 = 72." in text and "solve 12 ms" in text
