@@ -10,6 +10,9 @@ All modes run on the same planner model:
 - `plan+verify`: one plan, executed, verified (the orchestrator may replan on rejection).
 - `plan+verify+sc5`: up to five plans (adaptive: three first, two more only when
   those leave the vote open), executed; the answer most of them agree on, verified.
+- `plan+verify+mixed5`: programs and prose, five samples: two plans, executed, and
+  three chain-of-thought solutions (the first greedy), one vote each; the answer most
+  of them agree on, verified. The mix the sampling study chose (docs/eval/dev).
 - `votes4x4`: the sampling study, not a served setting: four plans and four
   chain-of-thought solutions (the first greedy: the `direct` answer), all drawn
   (adaptive off), verified. Its lines keep every vote (`agreement.votes`), so any vote
@@ -48,6 +51,7 @@ MODES: dict[str, PipelineMode | None] = {
     "plan": PipelineMode(n_plans=1, verify=False),
     "plan+verify": PipelineMode(n_plans=1, verify=True),
     "plan+verify+sc5": PipelineMode(n_plans=5, verify=True),
+    "plan+verify+mixed5": PipelineMode(n_plans=2, verify=True, n_prose=3),
     "votes4x4": PipelineMode(n_plans=4, verify=True, n_prose=4, adaptive=False),
 }
 

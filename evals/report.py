@@ -30,7 +30,7 @@ from evals.stats import (
 )
 
 STAGES = ("plan", "execute", "verify", "total")
-MODE_ORDER = ("direct", "plan", "plan+verify", "plan+verify+sc5")
+MODE_ORDER = ("direct", "plan", "plan+verify", "plan+verify+sc5", "plan+verify+mixed5")
 
 
 @dataclass
