@@ -78,7 +78,7 @@ pipeline=(--url "http://127.0.0.1:$ORCH_PORT" --planner-url "http://127.0.0.1:$P
 for ((done_n = start + batch; done_n <= n; done_n += batch)); do
   for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
-    for mode in ${EVAL_MODES:-plan plan+verify plan+verify+sc5}; do
+    for mode in ${EVAL_MODES:-plan plan+verify plan+verify+sc5 plan+verify+mixed5}; do
       "$py" scripts/eval.py run --data "$data" --mode "$mode" --out "$out/$name-$mode.jsonl" \
         --offset "$start" --limit $((done_n - start)) "${pipeline[@]}"
     done
