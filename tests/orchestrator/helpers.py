@@ -89,6 +89,13 @@ def votes(*answers: str | None, source: str = "plan") -> list[dict[str, Any]]:
     return [{"source": source, "answer": a} for a in answers]
 
 
+def error_reply(kind: str, message: str, status: int) -> JSONResponse:
+    """An error in the services' one shape."""
+    return JSONResponse(
+        {"error": {"type": kind, "message": message}, "trace_id": "0" * 32}, status_code=status
+    )
+
+
 @dataclass
 class FakePlanner:
     """Answers /plan from a script: question -> list of rounds, each a list of plans; and
@@ -117,18 +124,9 @@ class FakePlanner:
             if self.mode == "hang":
                 await asyncio.sleep(3600)
             if self.mode == "error":
-                return JSONResponse(
-                    {"error": {"type": "internal_error", "message": "boom"}, "trace_id": "0" * 32},
-                    status_code=500,
-                )
+                return error_reply("internal_error", "boom", 500)
             if self.mode == "planning_failed":  # what the real planner answers
-                return JSONResponse(
-                    {
-                        "error": {"type": "planning_failed", "message": "no valid plan after 3"},
-                        "trace_id": "0" * 32,
-                    },
-                    status_code=502,
-                )
+                return error_reply("planning_failed", "no valid plan after 3", 502)
             if self.mode == "raw":
                 return JSONResponse(self.raw)
             rounds = self.script[body["question"]]
@@ -152,10 +150,7 @@ class FakePlanner:
             if self.solve_mode == "hang":
                 await asyncio.sleep(3600)
             if self.solve_mode == "error":
-                return JSONResponse(
-                    {"error": {"type": "internal_error", "message": "boom"}, "trace_id": "0" * 32},
-                    status_code=500,
-                )
+                return error_reply("internal_error", "boom", 500)
             if self.solve_mode == "raw":
                 return JSONResponse(self.solve_raw)
             if self.solve_mode == "missing":  # a planner from before /solve

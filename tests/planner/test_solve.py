@@ -108,3 +108,35 @@ def test_solve_over_http(tmp_path: Path) -> None:
             r = client.post("/solve", json=bad)
             assert r.status_code == 422, bad
             assert r.json()["error"]["param"] == param
+
+
+@pytest.mark.integration
+def test_solve_on_a_real_model_gives_a_greedy_first_solution_and_sampled_others() -> None:
+    from planner.backends.llamacpp import LlamaCppBackend
+    from services import catalog
+
+    catalog.pull("smollm2-135m-instruct")
+    settings = PlannerSettings(
+        backend="llamacpp", model="smollm2-135m-instruct", n_threads=1, max_batch=4
+    )
+
+    async def scenario() -> tuple[list, list]:
+        service = PlannerService(LlamaCppBackend(settings), settings)
+        await service.load()
+        try:
+            question = "Tom has 3 apples and buys 4 more. How many apples does he have?"
+            first = await service.solve(SolveRequest(question=question, n=3))
+            again = await service.solve(SolveRequest(question=question, n=1))
+            return first.solutions, again.solutions
+        finally:
+            await service.backend.close()
+
+    import asyncio
+
+    solutions, again = asyncio.run(scenario())
+    assert len(solutions) == 3 and all(s.text.strip() for s in solutions)
+    assert again[0].text == solutions[0].text  # the first solution is the greedy one
+    for s in solutions:  # each answer is what the shared rule reads from its text
+        from services.answers import last_number
+
+        assert s.answer == last_number(s.text)
