@@ -112,8 +112,7 @@ def routed(
     """Right answers of a router by the question's numbers: the `large` (plans, prose)
     vote where a number of at least `big` appears, the `small` one elsewhere."""
     return sum(
-        right(i, replay(i, *(large if largest_number(i.question) >= big else small)))
-        for i in items
+        right(i, replay(i, *(large if largest_number(i.question) >= big else small))) for i in items
     )
 
 
