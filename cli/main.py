@@ -350,7 +350,7 @@ def db_init(
     ),
 ) -> None:
     """Create the reason_data schema, its sample data and the read-only reason_reader role."""
-    from orchestrator.tools.sql import init_database
+    from orchestrator.provisioning import init_database
 
     for warning in asyncio.run(init_database(dsn, reader_password)):
         console.print(f"[yellow]warning:[/yellow] {warning}")

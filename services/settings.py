@@ -157,7 +157,9 @@ class OrchestratorSettings(CommonSettings):
     redis_timeout_s: float = Field(default=0.25, gt=0)
     cache_ttl_s: int = Field(default=300, ge=1)
     cache_max_entries: int = Field(default=10_000, ge=1)
-    # PostgreSQL DSN of the read-only SQL role; unset = the shipped SQLite sample data.
+    # PostgreSQL DSN of the read-only SQL role; unset = the shipped SQLite sample data,
+    # in `sqlite_path` (unset = orchestrator.provisioning.default_sqlite_path, under the
+    # cache directory), built from the seed when the file is missing.
     database_url: str | None = None
     sqlite_path: Path | None = None
     max_replans: int = Field(default=2, ge=0, le=5)
@@ -180,8 +182,14 @@ class OrchestratorSettings(CommonSettings):
     # Per /reason request: tool calls (steps run) over all its plans and replanning
     # rounds; the steps past it are skipped with an error and the answer degrades.
     max_tool_calls_per_request: int = Field(default=32, ge=1)
+    # Each tool's timeout and tool-cache lifetime, read by orchestrator.tools.build_registry
+    # (a step never runs past its request's deadline either). The sql and lookup tools
+    # share the I/O timeout; calc is not cached (it answers in well under a millisecond).
     io_tool_timeout_s: float = Field(default=0.8, gt=0)
     python_timeout_s: float = Field(default=5.0, gt=0)
+    calc_timeout_s: float = Field(default=1.0, gt=0)
+    sql_cache_ttl_s: float = Field(default=60, gt=0)
+    lookup_cache_ttl_s: float = Field(default=3600, gt=0)
     # The answer-confidence calibrator (orchestrator.confidence); unset = the artifact
     # shipped in orchestrator/calibration/.
     confidence_calibrator: Path | None = None

@@ -35,11 +35,23 @@ CALC = ToolSpec(
     example="(48 / 2) + 48",
 )
 
+# The sample database as `orchestrator/data/seed.sql` provisions it: its schema, and each
+# table with its columns in order (tests compare them with the provisioned tables).
+SQL_SCHEMA = "reason_data"
+SQL_TABLES: dict[str, tuple[str, ...]] = {
+    "countries": ("name", "capital", "continent", "population", "area_km2", "currency"),
+    "products": ("id", "name", "category", "price_cents", "stock"),
+    "employees": ("id", "name", "department", "title", "salary", "hire_date", "manager_id"),
+    "orders": ("id", "customer", "country", "product_id", "quantity", "order_date", "status"),
+}
+SQL_MAX_ROWS = 200  # rows one query returns at most
+
 SQL = ToolSpec(
     name="sql",
     description=(
-        "Run one read-only SQL SELECT against the sample database (schema reason_data: "
-        "countries, products, orders, employees). Returns at most 200 rows as JSON."
+        f"Run one read-only SQL SELECT against the sample database (schema {SQL_SCHEMA}: "
+        + "; ".join(f"{table}({', '.join(columns)})" for table, columns in SQL_TABLES.items())
+        + f"). Returns at most {SQL_MAX_ROWS} rows as JSON."
     ),
     input_format="one SQL SELECT statement",
     example="SELECT name, population FROM countries ORDER BY population DESC LIMIT 3",

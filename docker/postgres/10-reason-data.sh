@@ -40,14 +40,14 @@ SELECT NOT EXISTS (SELECT 1 FROM pg_roles WHERE rolname = :'role') AS create_rol
 \if :create_role
   CREATE ROLE :"role" LOGIN;
 \endif
--- The same role the SQL tool's own init_database (orchestrator/tools/sql.py) creates.
+-- The same role the SQL tool's own init_database (orchestrator/provisioning.py) creates.
 ALTER ROLE :"role" WITH LOGIN NOSUPERUSER NOCREATEDB NOCREATEROLE NOINHERIT NOREPLICATION
     NOBYPASSRLS CONNECTION LIMIT 32 PASSWORD :'pw';
 -- Member of no role.
 SELECT format('REVOKE %I FROM %I', roleid::regrole::text, :'role')
     FROM pg_auth_members WHERE member = (SELECT oid FROM pg_roles WHERE rolname = :'role') \gexec
 -- Every session of the role is read-only and bounded, whatever the client asks for: the
--- settings of ROLE_SETTINGS in orchestrator/tools/sql.py (a deploy test ties the two).
+-- settings of ROLE_SETTINGS in orchestrator/provisioning.py (a deploy test ties the two).
 ALTER ROLE :"role" SET default_transaction_read_only = on;
 ALTER ROLE :"role" SET statement_timeout = '5000ms';
 ALTER ROLE :"role" SET lock_timeout = '1000ms';

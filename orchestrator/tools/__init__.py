@@ -1,7 +1,8 @@
 """Tool implementations and the registry that runs them.
 
-`build_registry` attaches implementations, timeouts, cache TTLs and fallbacks to the
-shared tool specs of `services.toolspecs`, the one place tool names are written.
+`build_registry` attaches implementations, fallbacks, and the timeouts and cache TTLs
+of `OrchestratorSettings`, to the shared tool specs of `services.toolspecs`, the one
+place a tool's name, description and input format are written.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ async def build_registry(
     from orchestrator.tools.calc import calc
     from orchestrator.tools.lookup import lookup
     from orchestrator.tools.python import PythonTool
-    from orchestrator.tools.sql import SqlTool
+    from orchestrator.tools.sql.tool import SqlTool
 
     sandbox = Sandbox(
         SandboxSettings(
@@ -40,13 +41,28 @@ async def build_registry(
     await sql.start()
     stack.push_async_callback(sql.close)
 
-    io_timeout_s = settings.io_tool_timeout_s
     registry = ToolRegistry(cache)
     registry.register(
         Tool(toolspecs.PYTHON, PythonTool(sandbox), timeout_s=settings.python_timeout_s)
     )
     # An arithmetic expression is also a Python program: the sandbox backs calc up.
-    registry.register(Tool(toolspecs.CALC, calc, timeout_s=1.0, fallback="python"))
-    registry.register(Tool(toolspecs.SQL, sql, timeout_s=io_timeout_s, cache_ttl_s=60))
-    registry.register(Tool(toolspecs.LOOKUP, lookup, timeout_s=io_timeout_s, cache_ttl_s=3600))
+    registry.register(
+        Tool(toolspecs.CALC, calc, timeout_s=settings.calc_timeout_s, fallback="python")
+    )
+    registry.register(
+        Tool(
+            toolspecs.SQL,
+            sql,
+            timeout_s=settings.io_tool_timeout_s,
+            cache_ttl_s=settings.sql_cache_ttl_s,
+        )
+    )
+    registry.register(
+        Tool(
+            toolspecs.LOOKUP,
+            lookup,
+            timeout_s=settings.io_tool_timeout_s,
+            cache_ttl_s=settings.lookup_cache_ttl_s,
+        )
+    )
     return registry

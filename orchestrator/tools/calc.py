@@ -28,21 +28,6 @@ from services.arith import (
 
 log = structlog.get_logger(__name__)
 
-SPEC: dict[str, Any] = {
-    "name": "calc",
-    "description": (
-        "Evaluate one arithmetic expression exactly: + - * / // % ** (or ^), parentheses, "
-        "decimals, fractions, percentages (15% of 80), thousands separators, and "
-        "abs, round, min, max, sqrt, floor, ceil. Earlier results are used by their step "
-        "ids (s1 * 3). Answers a number; non-terminating fractions also show the exact "
-        "fraction, e.g. 0.3333333333 (1/3)."
-    ),
-    "input_format": "a single arithmetic expression",
-    "example": "(48 / 2) + 15% of 80",
-    "timeout_s": 0.5,
-    "cache_ttl_s": 3600,
-}
-
 
 def _step_number(value: Any) -> Number | None:
     if isinstance(value, str):

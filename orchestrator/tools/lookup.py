@@ -21,21 +21,6 @@ from typing import Any
 
 from orchestrator.tools.base import ToolContext, ToolError
 
-SPEC: dict[str, Any] = {
-    "name": "lookup",
-    "description": (
-        "Look up one fact in the knowledge base: physical constants, unit conversions, "
-        "countries (capital, population, area, currency, continent), planets (mass, "
-        "diameter, orbital period, distance from the sun), chemical elements. Answers "
-        "the value with its unit, e.g. '299792458 m/s', or 'not found'; never guesses."
-    ),
-    "input_format": "an attribute and an entity, e.g. 'capital of France', "
-    "'population of Japan', 'speed of light', 'feet in a mile'",
-    "example": "boiling point of water",
-    "timeout_s": 0.2,
-    "cache_ttl_s": 86400,
-}
-
 MAX_QUERY_CHARS = 200
 
 # Words that ask rather than name: dropped from the start of a query.

@@ -645,6 +645,18 @@ def test_postgres_init_loads_the_seed_and_makes_a_read_only_role() -> None:
             db=db,
         )
         assert int(tables.stdout) >= 1
+        # ... the tables and columns the planner is told of (services.toolspecs.SQL)
+        from services.toolspecs import SQL_SCHEMA, SQL_TABLES
+
+        columns = psql(
+            "-c",
+            "select table_name, string_agg(column_name, ',' order by ordinal_position) "
+            f"from information_schema.columns where table_schema = '{SQL_SCHEMA}' "
+            "group by table_name",
+            db=db,
+        ).stdout.split()
+        provisioned = dict(line.split("|") for line in columns)
+        assert provisioned == {t: ",".join(c) for t, c in SQL_TABLES.items()}
         # the reader can read, in its schema by default ...
         first_table = psql(
             "-c",
@@ -672,7 +684,7 @@ def test_postgres_init_loads_the_seed_and_makes_a_read_only_role() -> None:
         assert "default_transaction_read_only=on" in settings
         assert "statement_timeout=5000ms" in settings and "lock_timeout=1000ms" in settings
         # the same role settings the SQL tool's own `db init` gives the reader
-        from orchestrator.tools.sql import ROLE_SETTINGS, ROLE_TEMP_FILE_LIMIT
+        from orchestrator.provisioning import ROLE_SETTINGS, ROLE_TEMP_FILE_LIMIT
 
         for name, value in (*ROLE_SETTINGS, ("temp_file_limit", ROLE_TEMP_FILE_LIMIT)):
             assert f"{name}={value}" in settings, (name, value, settings)

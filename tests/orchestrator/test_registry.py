@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+from contextlib import AsyncExitStack
 from typing import Any
 
 import pytest
@@ -188,3 +189,92 @@ async def test_python_timeout_at_the_registry_is_the_sandboxs_own() -> None:
         assert (await reg.run("python", "6 * 7", CTX)).result.output == "42"
     finally:
         await sandbox.close()
+
+
+# ------------------------------------------------ the registry build_registry makes
+
+
+class _IdleSandbox:
+    """Stands in for the sandbox: build_registry only starts, wraps and closes it."""
+
+    timeout_grace_s = 2.0
+
+    def __init__(self, settings: SandboxSettings) -> None:
+        self.settings = settings
+
+    async def start(self) -> None:
+        pass
+
+    async def close(self) -> None:
+        pass
+
+
+async def _built(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, **env: str) -> ToolRegistry:
+    import orchestrator.sandbox
+    from orchestrator.tools import build_registry
+    from services.settings import OrchestratorSettings
+
+    monkeypatch.setattr(orchestrator.sandbox, "Sandbox", _IdleSandbox)
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    settings = OrchestratorSettings(sqlite_path=tmp_path / "s.sqlite3", database_url=None)
+    async with AsyncExitStack() as stack:
+        return await build_registry(settings, MemoryCache(), stack)
+
+
+async def test_registry_tools_are_the_shared_specs_with_settings_limits(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    """Each tool's spec is the one object of services.toolspecs, and its timeout and
+    cache lifetime come from OrchestratorSettings (env overrides included)."""
+    from services import toolspecs
+
+    registry = await _built(
+        monkeypatch,
+        tmp_path,
+        ORCH_PYTHON_TIMEOUT_S="4.5",
+        ORCH_CALC_TIMEOUT_S="2.5",
+        ORCH_IO_TOOL_TIMEOUT_S="1.5",
+        ORCH_SQL_CACHE_TTL_S="30",
+        ORCH_LOOKUP_CACHE_TTL_S="90",
+    )
+    assert registry.specs() == list(toolspecs.DEFAULT_TOOLS)
+    for spec in toolspecs.DEFAULT_TOOLS:
+        tool = registry.get(spec.name)
+        assert tool is not None and tool.spec is spec
+    limits = {
+        name: (tool.timeout_s, tool.cache_ttl_s, tool.fallback)
+        for name in registry.names
+        if (tool := registry.get(name)) is not None
+    }
+    assert limits == {
+        "python": (4.5, None, None),
+        "calc": (2.5, None, "python"),
+        "sql": (1.5, 30, None),
+        "lookup": (1.5, 90, None),
+    }
+
+
+async def test_registry_limits_default_to_the_settings_defaults(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Any
+) -> None:
+    for name in (
+        "ORCH_PYTHON_TIMEOUT_S",
+        "ORCH_CALC_TIMEOUT_S",
+        "ORCH_IO_TOOL_TIMEOUT_S",
+        "ORCH_SQL_CACHE_TTL_S",
+        "ORCH_LOOKUP_CACHE_TTL_S",
+    ):
+        monkeypatch.delenv(name, raising=False)
+    registry = await _built(monkeypatch, tmp_path)
+    limits = {
+        name: (tool.timeout_s, tool.cache_ttl_s)
+        for name in registry.names
+        if (tool := registry.get(name)) is not None
+    }
+    assert limits == {
+        "python": (5.0, None),
+        "calc": (1.0, None),
+        "sql": (0.8, 60),
+        "lookup": (0.8, 3600),
+    }

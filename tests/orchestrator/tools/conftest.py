@@ -16,7 +16,7 @@ from dataclasses import dataclass
 import asyncpg
 import pytest
 
-from orchestrator.tools.sql import SCHEMA, init_database
+from orchestrator.provisioning import SCHEMA, init_database
 
 ADMIN_DSN = os.environ.get(
     "REASON_TEST_PG_ADMIN_DSN", "postgresql://postgres@127.0.0.1:5432/postgres"

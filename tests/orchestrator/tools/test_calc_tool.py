@@ -7,7 +7,8 @@ import time
 import pytest
 
 from orchestrator.tools.base import ToolContext, ToolError
-from orchestrator.tools.calc import SPEC, calc
+from orchestrator.tools.calc import calc
+from services.toolspecs import CALC
 
 pytestmark = pytest.mark.unit
 
@@ -23,7 +24,7 @@ async def test_percentages_and_fractions() -> None:
 
 
 async def test_spec_example_runs() -> None:
-    assert await calc(SPEC["example"], ToolContext()) == 36
+    assert await calc(CALC.example, ToolContext()) == 72
 
 
 async def test_names_from_step_values() -> None:
@@ -81,9 +82,3 @@ async def test_bounds_are_refused_fast(expr: str) -> None:
     with pytest.raises(ToolError):
         await calc(expr, ToolContext())
     assert time.perf_counter() - start < 0.05
-
-
-def test_spec_has_registry_fields() -> None:
-    assert set(SPEC) >= {"name", "description", "input_format", "example", "timeout_s"}
-    assert SPEC["name"] == "calc"
-    assert SPEC["cache_ttl_s"] is not None

@@ -11,8 +11,9 @@ from importlib import resources
 import pytest
 
 from orchestrator.tools.base import ToolContext, ToolError
-from orchestrator.tools.lookup import SPEC, KnowledgeBase, knowledge_base, lookup, normalize
+from orchestrator.tools.lookup import KnowledgeBase, knowledge_base, lookup, normalize
 from services.arith import parse_quantity
+from services.toolspecs import LOOKUP
 
 pytestmark = pytest.mark.unit
 
@@ -55,7 +56,7 @@ async def test_answers(query: str, answer: str | None) -> None:
 
 
 async def test_spec_example() -> None:
-    assert await lookup(SPEC["example"], ToolContext()) == "100 °C"
+    assert await lookup(LOOKUP.example, ToolContext()) == "100 °C"
 
 
 @pytest.mark.parametrize(

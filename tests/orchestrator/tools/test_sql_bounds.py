@@ -17,7 +17,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.tools.base import ToolRefused
-from orchestrator.tools.sql import PG_FUNCTIONS, SqlPolicy, SqlTool, check_query
+from orchestrator.tools.sql.policy import PG_FUNCTIONS, SqlPolicy, check_query
+from orchestrator.tools.sql.tool import SqlTool
 
 
 @pytest.fixture(scope="module")
@@ -209,7 +210,7 @@ def test_joins_on_unique_keys_do_not_multiply(policies: dict[str, SqlPolicy]) ->
 
 @pytest.mark.unit
 def test_limits_scale_with_the_policy(policies: dict[str, SqlPolicy]) -> None:
-    from orchestrator.tools.sql_bounds import Limits
+    from orchestrator.tools.sql.bounds import Limits
 
     tight = dataclasses.replace(policies["postgres"], limits=Limits(max_value_bytes=100))
     sql = "SELECT string_agg(name, ',') FROM countries"
@@ -220,8 +221,8 @@ def test_limits_scale_with_the_policy(policies: dict[str, SqlPolicy]) -> None:
 
 @pytest.mark.unit
 def test_every_allowed_function_has_a_size_rule() -> None:
-    from orchestrator.tools.sql import SQLITE_FUNCTIONS
-    from orchestrator.tools.sql_bounds import SIZED_FUNCTIONS, check_coverage
+    from orchestrator.tools.sql.bounds import SIZED_FUNCTIONS, check_coverage
+    from orchestrator.tools.sql.policy import SQLITE_FUNCTIONS
 
     assert PG_FUNCTIONS | SQLITE_FUNCTIONS <= SIZED_FUNCTIONS
     with pytest.raises(RuntimeError, match="repeat"):

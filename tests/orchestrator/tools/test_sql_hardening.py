@@ -28,9 +28,12 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from orchestrator.tools import sql
+from orchestrator import provisioning
 from orchestrator.tools.base import ToolContext, ToolError, ToolRefused
-from orchestrator.tools.sql import SqlTool
+from orchestrator.tools.sql import policy as sql_policy
+from orchestrator.tools.sql import render
+from orchestrator.tools.sql import tool as sql_tool
+from orchestrator.tools.sql.tool import SqlTool
 
 SampleDatabase = Any  # the `sample_db` fixture of conftest.py
 
@@ -140,7 +143,7 @@ async def test_sqlite_only_functions_are_refused(tmp_path: Path, query: str) -> 
 )
 def test_sqlite_token_check_refuses_what_the_lexers_read_differently(text: str) -> None:
     with pytest.raises(ToolRefused, match="SQLite exactly as checked"):
-        sql._check_sqlite_tokens(text)
+        sql_policy._check_sqlite_tokens(text)
 
 
 @pytest.mark.unit
@@ -151,7 +154,7 @@ def test_sqlite_token_check_passes_deparsed_text() -> None:
         "SELECT 'a;b -- /* c */' AS \"x;y\"",
         "SELECT naïve, 'ünïcode' FROM t",
     ]:
-        sql._check_sqlite_tokens(text)
+        sql_policy._check_sqlite_tokens(text)
 
 
 @pytest.mark.unit
@@ -167,12 +170,14 @@ async def test_the_text_that_runs_must_parse_back_to_the_checked_tree(
 
     async with _started(None, tmp_path / "s.sqlite3") as tool:
         assert tool.policy is not None
-        postgres = dataclasses.replace(tool.policy, functions=sql.PG_FUNCTIONS, dialect="postgres")
-        assert sql.check_query("SELECT capital FROM countries", postgres)
-        monkeypatch.setattr(sql, "RawStream", SlippingStream)
+        postgres = dataclasses.replace(
+            tool.policy, functions=sql_policy.PG_FUNCTIONS, dialect="postgres"
+        )
+        assert sql_policy.check_query("SELECT capital FROM countries", postgres)
+        monkeypatch.setattr(sql_policy, "RawStream", SlippingStream)
         for policy in (postgres, tool.policy):
             with pytest.raises(ToolRefused, match="reads differently"):
-                sql.check_query("SELECT capital FROM countries", policy)
+                sql_policy.check_query("SELECT capital FROM countries", policy)
         # What does read back the same still runs.
         assert json.loads(await tool("SELECT name FROM countries", _ctx()))[0]["name"]
 
@@ -203,7 +208,7 @@ async def test_sqlite_connection_is_limited_at_the_engine(tmp_path: Path) -> Non
 async def test_sqlite_progress_handler_bounds_work_as_well_as_time(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(sql, "SQLITE_MAX_PROGRESS_CALLS", 20)  # 20 000 instructions
+    monkeypatch.setattr(sql_tool, "SQLITE_MAX_PROGRESS_CALLS", 20)  # 20 000 instructions
     async with _started(None, tmp_path / "s.sqlite3", statement_timeout_ms=10_000) as tool:
         started = time.perf_counter()
         with pytest.raises(ToolError, match="more work than one query may"):
@@ -280,7 +285,7 @@ async def test_reader_role_limits_are_in_force(sample_db: SampleDatabase) -> Non
         )
     finally:
         await admin.close()
-    assert limit == sql.ROLE_CONNECTION_LIMIT
+    assert limit == provisioning.ROLE_CONNECTION_LIMIT
 
 
 @pytest.mark.integration
@@ -313,7 +318,7 @@ async def test_db_init_without_a_superuser_sets_what_it_may_and_warns(
     parts = urlsplit(sample_db.admin_dsn)
     host = parts.netloc.rpartition("@")[2]
     try:
-        warnings = await sql.init_database(
+        warnings = await provisioning.init_database(
             urlunsplit(parts._replace(netloc=f"{admin}@{host}", path=f"/{database}")),
             None,
             reader_role=reader,
@@ -471,9 +476,9 @@ async def test_long_query_is_checked_off_the_event_loop(
     loop_thread = threading.get_ident()
     ticked = threading.Event()
     seen: list[tuple[bool, bool]] = []
-    real_check = sql.check_query
+    real_check = sql_policy.check_query
 
-    def waiting_check(query: str, policy: sql.SqlPolicy) -> str:
+    def waiting_check(query: str, policy: sql_policy.SqlPolicy) -> str:
         on_loop = threading.get_ident() == loop_thread
         if not on_loop:
             ticked.clear()
@@ -490,9 +495,9 @@ async def test_long_query_is_checked_off_the_event_loop(
         "SELECT " + ", ".join(f"upper(name) AS c{i}" for i in range(300)) + " FROM countries"
         " ORDER BY population DESC LIMIT 1"
     )
-    assert 256 < len(long_query) < sql.MAX_QUERY_CHARS
+    assert 256 < len(long_query) < sql_policy.MAX_QUERY_CHARS
     async with _started(None, tmp_path / "s.sqlite3") as tool:
-        monkeypatch.setattr(sql, "check_query", waiting_check)
+        monkeypatch.setattr(sql_tool, "check_query", waiting_check)
         stop = asyncio.Event()
         tick_task = asyncio.create_task(ticker(stop))
         try:
@@ -513,7 +518,7 @@ async def test_over_long_input_is_refused_before_any_parsing(
         raise AssertionError("an over-long input reached the parser")
 
     async with _started(None, tmp_path / "s.sqlite3") as tool:
-        monkeypatch.setattr(sql, "parse_sql", no_parse)
+        monkeypatch.setattr(sql_policy, "parse_sql", no_parse)
         started = time.perf_counter()
         for text in ["SELECT " + "1 + " * 3_000_000 + "1", "SELECT 1" + " " * 50_000_000]:
             with pytest.raises(ToolRefused) as info:
@@ -529,13 +534,13 @@ async def test_large_results_render_off_the_event_loop(
 ) -> None:
     loop_thread = threading.get_ident()
     threads: list[bool] = []
-    real_render = sql.render_rows
+    real_render = render.render_rows
 
     def recording_render(*args: Any, **kwargs: Any) -> str:
         threads.append(threading.get_ident() == loop_thread)
         return real_render(*args, **kwargs)
 
-    monkeypatch.setattr(sql, "render_rows", recording_render)
+    monkeypatch.setattr(sql_tool, "render_rows", recording_render)
     async with _started(sample_db.reader_dsn, None, pool_size=1) as tool:
         big = json.loads(await tool("SELECT * FROM countries, generate_series(1, 5) g", _ctx()))
         small = await tool("SELECT count(*) FROM countries", _ctx())

@@ -13,13 +13,14 @@ from typing import Any
 
 import pytest
 
-from orchestrator.tools import sql
 from orchestrator.tools.base import ToolContext, ToolError
-from orchestrator.tools.sql import MAX_OUTPUT_CHARS, SqlTool, render_rows
+from orchestrator.tools.sql import render
+from orchestrator.tools.sql.render import MAX_OUTPUT_CHARS, render_rows
+from orchestrator.tools.sql.tool import SqlTool
 
 
 class _CountingJson:
-    """Stands in for the json module inside sql.py and counts what it serialises."""
+    """Stands in for the json module of the renderer and counts what it serialises."""
 
     def __init__(self) -> None:
         self.chars = 0
@@ -43,7 +44,7 @@ def _wide_rows(n: int, cols: int = 8, width: int = 900) -> tuple[list[str], list
 @pytest.mark.unit
 def test_wide_results_are_serialised_about_once(monkeypatch: pytest.MonkeyPatch) -> None:
     counting = _CountingJson()
-    monkeypatch.setattr(sql, "json", counting)
+    monkeypatch.setattr(render, "json", counting)
     columns, rows = _wide_rows(201)
     out = render_rows(columns, rows, 200)
     assert len(out) <= MAX_OUTPUT_CHARS

@@ -21,24 +21,17 @@ from typing import Any
 import asyncpg
 import pytest
 
+from orchestrator.provisioning import SCHEMA, build_sqlite_database, init_database, seed_sql
 from orchestrator.tools.base import ToolContext, ToolError, ToolRefused
-from orchestrator.tools.sql import (
-    MAX_OUTPUT_CHARS,
-    PG_FUNCTIONS,
-    SCHEMA,
-    SPEC,
-    SqlPolicy,
-    SqlTool,
-    build_sqlite_database,
-    check_query,
-    init_database,
-    render_rows,
-    seed_sql,
-)
+from orchestrator.tools.sql.policy import PG_FUNCTIONS, SqlPolicy, check_query
+from orchestrator.tools.sql.render import MAX_OUTPUT_CHARS, render_rows
+from orchestrator.tools.sql.tool import SqlTool
+from services.toolspecs import SQL as SPEC
+from services.toolspecs import SQL_TABLES
 
 SampleDatabase = Any  # the `sample_db` fixture of conftest.py
 
-TABLES = ("countries", "products", "employees", "orders")
+TABLES = tuple(SQL_TABLES)
 
 
 def _seed_policy() -> SqlPolicy:
@@ -203,7 +196,7 @@ def test_function_through_attribute_notation_is_refused(sql: str) -> None:
 @pytest.mark.parametrize(
     "sql",
     [
-        SPEC["example"],
+        SPEC.example,
         "SELECT continent, count(*), sum(population) FROM countries GROUP BY continent",
         "SELECT o.id, p.name, o.quantity * p.price_cents AS total_cents FROM orders o "
         "JOIN products p ON p.id = o.product_id WHERE o.status = 'delivered' ORDER BY 3 DESC",
@@ -371,7 +364,7 @@ def _ctx(timeout_s: float = 5.0) -> ToolContext:
 
 @pytest.mark.integration
 async def test_postgres_answers(pg_tool: SqlTool) -> None:
-    top = json.loads(await pg_tool(SPEC["example"], _ctx()))
+    top = json.loads(await pg_tool(SPEC.example, _ctx()))
     assert [r["name"] for r in top] == ["India", "China", "United States"]
     assert await pg_tool("SELECT count(*) FROM orders", _ctx()) == "48"
     assert await pg_tool("SELECT capital FROM countries WHERE name = 'France';", _ctx()) == "Paris"
@@ -656,7 +649,7 @@ def _file_digest(path: Path) -> str:
 
 
 PORTABLE_QUERIES = [
-    SPEC["example"],
+    SPEC.example,
     "SELECT count(*) FROM orders",
     "SELECT continent, count(*) AS n, sum(population) AS people FROM countries "
     "GROUP BY continent ORDER BY continent",
@@ -745,11 +738,14 @@ async def test_sqlite_file_is_opened_read_only(sqlite_tool: SqlTool) -> None:
 async def test_sqlite_default_path_is_built_once(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    monkeypatch.delenv("REASON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(tmp_path))
     tool = SqlTool(None, None)
     await tool.start()
     assert await tool("SELECT count(*) FROM countries", _ctx()) == "40"
-    built = list((tmp_path / ".cache" / "reason-pipeline").glob("sample-*.sqlite3"))
+    # in the project's cache directory (services.settings.default_cache_dir)
+    built = list((tmp_path / ".cache" / "reason" / "sql").glob("sample-*.sqlite3"))
     assert len(built) == 1
     digest = _file_digest(built[0])
     again = SqlTool(None, None)
@@ -763,13 +759,15 @@ async def test_sqlite_default_path_falls_back_to_the_temp_dir(
 ) -> None:
     home = tmp_path / "home"
     home.write_text("a file, so no cache directory can be made under it")
+    monkeypatch.delenv("REASON_CACHE_DIR", raising=False)
+    monkeypatch.delenv("XDG_CACHE_HOME", raising=False)
     monkeypatch.setenv("HOME", str(home))
     (tmp_path / "tmp").mkdir()
     monkeypatch.setattr(tempfile, "tempdir", str(tmp_path / "tmp"))
     tool = SqlTool(None, None)
     await tool.start()
     assert await tool("SELECT count(*) FROM products", _ctx()) == "24"
-    assert list((tmp_path / "tmp" / "reason-pipeline").glob("sample-*.sqlite3"))
+    assert list((tmp_path / "tmp" / "reason" / "sql").glob("sample-*.sqlite3"))
 
 
 @pytest.mark.unit
