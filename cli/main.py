@@ -21,7 +21,7 @@ from rich.tree import Tree
 from cli.eval import eval_app
 from cli.models import models_app
 from services.settings import OrchestratorSettings, PlannerSettings, VerifierSettings
-from services.trace_es import flatten_ecs
+from cli.trace_es import flatten_ecs
 
 app = typer.Typer(
     help="Reasoning pipeline: planner, orchestrator and verifier.", no_args_is_help=True
@@ -311,7 +311,7 @@ def trace(
         err.print("[red]a trace id is 32 hexadecimal characters")
         raise typer.Exit(2)
     if es:
-        from services.trace_es import TraceLookupError, fetch_trace_lines
+        from cli.trace_es import TraceLookupError, fetch_trace_lines
 
         try:
             docs = asyncio.run(fetch_trace_lines(es, trace_id, index=es_index))

@@ -9,6 +9,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from cli.pull import pull as pull_model
 from services import catalog
 from services.settings import default_cache_dir
 
@@ -43,7 +44,7 @@ def pull(
             console.log(message)
 
         try:
-            file = catalog.pull(name, cache_dir=cache_dir, progress=progress)
+            file = pull_model(name, cache_dir=cache_dir, progress=progress)
         except catalog.CatalogError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None

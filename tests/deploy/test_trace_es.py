@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from services.trace_es import (
+from cli.trace_es import (
     InvalidTraceId,
     TraceLookupError,
     build_query,

@@ -18,7 +18,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from services import catalog
+from cli.pull import pull
 from services.plans import check_plan
 from services.schemas import Plan
 from services.settings import PlannerSettings
@@ -35,7 +35,7 @@ PLANNER_MODEL = "qwen2.5-coder-0.5b-instruct"
 def client(tmp_path_factory: pytest.TempPathFactory) -> Iterator[TestClient]:
     from planner.app import create_app
 
-    catalog.pull(PLANNER_MODEL)
+    pull(PLANNER_MODEL)
     settings = PlannerSettings(
         backend="llamacpp",
         model=PLANNER_MODEL,
@@ -108,7 +108,7 @@ def tiny_backend(engine: str) -> Any:
     """SmolLM2-135M on llama.cpp with the given grammar engine (not loaded yet)."""
     from planner.backends.llamacpp import LlamaCppBackend
 
-    catalog.pull("smollm2-135m-instruct")
+    pull("smollm2-135m-instruct")
     settings = PlannerSettings(
         backend="llamacpp",
         model="smollm2-135m-instruct",
@@ -222,7 +222,7 @@ def test_extra_buffers_off_loads_and_decodes_on_this_cpu() -> None:
     what `PLANNER_EXTRA_BUFFERS=auto` avoids."""
     from planner.backends.llamacpp import open_llama
 
-    path = catalog.pull("smollm2-135m-instruct")
+    path = pull("smollm2-135m-instruct")
     llm = open_llama(path, extra_buffers=False, n_ctx=256, n_threads=1, verbose=False, seed=0)
     try:
         assert llm.model_params.use_extra_bufts is False

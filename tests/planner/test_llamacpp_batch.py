@@ -26,7 +26,7 @@ from typing import Any
 
 import pytest
 
-from services import catalog
+from cli.pull import pull
 from services.errors import InvalidRequest, Overloaded
 from services.schemas import plan_json_schema
 from services.settings import PlannerSettings
@@ -52,7 +52,7 @@ def tight_schema() -> dict[str, Any]:
 def make_backend(**settings: Any) -> Any:
     from planner.backends.llamacpp import LlamaCppBackend
 
-    catalog.pull("smollm2-135m-instruct")
+    pull("smollm2-135m-instruct")
     values: dict[str, Any] = {
         "backend": "llamacpp",
         "model": "smollm2-135m-instruct",

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from services import catalog
+from cli.pull import pull
 
 pytest.importorskip("llama_cpp")
 pytest.importorskip("xgrammar")
@@ -35,7 +35,7 @@ SCHEMA = {
 def llm() -> Iterator[Any]:
     from planner.backends.llamacpp import open_llama, use_extra_buffers
 
-    path = catalog.pull("smollm2-135m-instruct")
+    path = pull("smollm2-135m-instruct")
     model = open_llama(
         path, extra_buffers=use_extra_buffers("auto"), n_ctx=256, n_threads=1, verbose=False
     )

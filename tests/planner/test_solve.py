@@ -112,10 +112,10 @@ def test_solve_over_http(tmp_path: Path) -> None:
 
 @pytest.mark.integration
 def test_solve_on_a_real_model_gives_a_greedy_first_solution_and_sampled_others() -> None:
+    from cli.pull import pull
     from planner.backends.llamacpp import LlamaCppBackend
-    from services import catalog
 
-    catalog.pull("smollm2-135m-instruct")
+    pull("smollm2-135m-instruct")
     settings = PlannerSettings(
         backend="llamacpp", model="smollm2-135m-instruct", n_threads=1, max_batch=4
     )

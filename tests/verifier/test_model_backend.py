@@ -37,7 +37,7 @@ def base_model_dir() -> str:
     try:
         from services.catalog import ensure_hf_dir
 
-        return str(ensure_hf_dir("smollm2-135m-instruct", pull_if_missing=False))
+        return str(ensure_hf_dir("smollm2-135m-instruct"))
     except Exception as exc:  # not pulled on this machine
         pytest.skip(f"smollm2-135m-instruct is not available: {exc}")
 
