@@ -20,8 +20,8 @@ from rich.tree import Tree
 
 from cli.eval import eval_app
 from cli.models import models_app
-from services.settings import OrchestratorSettings, PlannerSettings, VerifierSettings
 from cli.trace_es import flatten_ecs
+from services.settings import OrchestratorSettings, PlannerSettings, VerifierSettings
 
 app = typer.Typer(
     help="Reasoning pipeline: planner, orchestrator and verifier.", no_args_is_help=True
