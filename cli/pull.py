@@ -68,7 +68,15 @@ def pull(
         (directory / catalog.MARKER).unlink(missing_ok=True)
         digest = _assemble(model, directory, say)
         catalog.write_marker(directory, target, digest)
-        log.info("model pulled", model=name, path=str(target), sha256=digest)
+        log.info(
+            "model pulled",
+            **{
+                "event.action": "model.pull",
+                "labels.model": name,
+                "labels.path": str(target),
+                "labels.sha256": digest,
+            },
+        )
         return target
 
 

@@ -91,9 +91,13 @@ async def run_items(
                 except Exception as exc:  # one item's failure is a result, not the run's end
                     log.warning(
                         "item failed",
-                        item_id=item.id,
-                        mode=mode,
-                        **{"error.type": type(exc).__name__, "error.message": str(exc)[:300]},
+                        **{
+                            "event.action": "eval.item",
+                            "labels.item_id": item.id,
+                            "labels.mode": mode,
+                            "error.type": type(exc).__name__,
+                            "error.message": str(exc)[:300],
+                        },
                     )
                     record = base_record(item, dataset=dataset, mode=mode, model="unknown")
                     record["error"] = f"{type(exc).__name__}: {str(exc)[:500]}"

@@ -275,9 +275,12 @@ def ensure_hf_dir(
             shutil.rmtree(staging, ignore_errors=True)
         log.info(
             "model converted to safetensors",
-            model=name,
-            path=str(target),
-            seconds=round(time.perf_counter() - started, 1),
+            **{
+                "event.action": "model.convert",
+                "labels.model": name,
+                "labels.path": str(target),
+                "labels.seconds": round(time.perf_counter() - started, 1),
+            },
         )
         return target
 

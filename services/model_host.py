@@ -29,7 +29,14 @@ class ModelHost:
             )
             return
         self.ready = True
-        log.info("model loaded", backend=self.backend.name, model=self.backend.model)
+        log.info(
+            "model loaded",
+            **{
+                "event.action": "model.load",
+                "labels.backend": self.backend.name,
+                "labels.model": self.backend.model,
+            },
+        )
 
     async def readiness(self) -> tuple[bool, str]:
         if self.ready:

@@ -266,10 +266,13 @@ class Sandbox:
         self._started = True
         self.layers["service_undumpable"] = undumpable
         log.info(
-            "sandbox_started",
-            workers=self.settings.workers,
-            network_isolation=self.settings.network_isolation,
-            layers=self.layers,
+            "sandbox started",
+            **{
+                "event.action": "sandbox.start",
+                "labels.workers": self.settings.workers,
+                "labels.network_isolation": self.settings.network_isolation,
+                "labels.layers": self.layers,
+            },
         )
 
     async def close(self) -> None:
@@ -360,7 +363,10 @@ class Sandbox:
                 raise SandboxUnavailableError(f"sandbox worker failed to start: {message}")
             layers = dict(message.get("layers") or {})
             if message.get("dropped"):
-                log.warning("sandbox_layers_unavailable", dropped=message["dropped"])
+                log.warning(
+                    "sandbox layers unavailable",
+                    **{"event.action": "sandbox.layers", "labels.dropped": message["dropped"]},
+                )
             self._check_isolation(layers)
             worker.zygote_pidfd = os.pidfd_open(int(message["zygote_pid"]))
         except BaseException as exc:
@@ -400,10 +406,16 @@ class Sandbox:
         if mode == "auto" and not (layers.get("netns") or sockets_blocked):
             raise SandboxUnavailableError("no network isolation is possible here")
         if mode == "none":
-            log.warning("sandbox_without_network_isolation", layers=layers)
+            log.warning(
+                "sandbox without network isolation",
+                **{"event.action": "sandbox.layers", "labels.layers": layers},
+            )
         if not layers.get("landlock"):
             # The empty root (mount namespace) still keeps every file out of reach.
-            log.warning("sandbox_landlock_unavailable", layers=layers)
+            log.warning(
+                "sandbox without landlock",
+                **{"event.action": "sandbox.layers", "labels.layers": layers},
+            )
 
     async def _watch(self, worker: _Worker) -> None:
         """Replace a worker as soon as it dies, even while no job is asking for one."""
@@ -452,11 +464,16 @@ class Sandbox:
                 except Exception as exc:
                     self._restart_failures += 1
                     log.error(
-                        "sandbox_worker_restart_failed",
-                        error=str(exc),
-                        retry_in_s=delay,
-                        workers=self.live_workers,
-                        configured=self.settings.workers,
+                        "sandbox worker restart failed",
+                        **{
+                            "event.action": "sandbox.worker.restart",
+                            "event.outcome": "failure",
+                            "error.type": type(exc).__name__,
+                            "error.message": str(exc),
+                            "labels.retry_in_s": delay,
+                            "labels.workers": self.live_workers,
+                            "labels.configured": self.settings.workers,
+                        },
                     )
                     await asyncio.sleep(delay)
                     delay = min(delay * 2, _RESPAWN_MAX_S)

@@ -57,7 +57,14 @@ async def calc(input: str, ctx: ToolContext) -> int | float | str:
             raise ToolError(f"{exc.name} is not a number: {shown!r}") from exc
         raise ToolError(str(exc)) from exc
     except ArithLimitError as exc:
-        log.info("calc_limit", reason=str(exc), input_chars=len(expr))
+        log.info(
+            "calc input past a limit",
+            **{
+                "event.action": "tool.calc.limit",
+                "error.message": str(exc),
+                "labels.input_chars": len(expr),
+            },
+        )
         raise ToolError(str(exc)) from exc
     except ArithError as exc:
         raise ToolError(str(exc)) from exc

@@ -247,21 +247,27 @@ class LlamaCppBackend:
         elif self.batching:
             log.warning(
                 "the model has no chat template of its own: samples decode one at a time",
-                model=self.model,
+                **{
+                    "event.action": "planner.load",
+                    "labels.model": self.model,
+                },
             )
         self._llm = llm
         self.load_seconds = time.perf_counter() - started
         log.info(
             "llama.cpp model loaded",
-            model=self.model,
-            path=str(gguf),
-            n_ctx=self.settings.n_ctx,
-            grammar_engine=self.grammar_engine,
-            extra_buffers=self.extra_buffers,
-            max_batch=self.max_batch if self._engine else 1,
-            threads=self.settings.n_threads or default_threads(),
-            threads_batch=self.settings.n_threads_batch or batch_threads(),
-            seconds=round(self.load_seconds, 2),
+            **{
+                "event.action": "planner.load",
+                "labels.model": self.model,
+                "labels.path": str(gguf),
+                "labels.n_ctx": self.settings.n_ctx,
+                "labels.grammar_engine": self.grammar_engine,
+                "labels.extra_buffers": self.extra_buffers,
+                "labels.max_batch": self.max_batch if self._engine else 1,
+                "labels.threads": self.settings.n_threads or default_threads(),
+                "labels.threads_batch": self.settings.n_threads_batch or batch_threads(),
+                "labels.seconds": round(self.load_seconds, 2),
+            },
         )
 
     def _load(self, gguf: Path) -> Any:

@@ -94,7 +94,14 @@ class OpenAIBackend:
             self.model = wanted
         else:
             self.model = served[0]
-        log.info("openai endpoint ready", url=self.base_url, model=self.model)
+        log.info(
+            "openai endpoint ready",
+            **{
+                "event.action": "planner.load",
+                "labels.url": self.base_url,
+                "labels.model": self.model,
+            },
+        )
 
     async def close(self) -> None:
         if self._client is not None:
@@ -134,7 +141,12 @@ class OpenAIBackend:
             reasons.append(str(choice.get("finish_reason") or "unknown"))
         if cut := reasons.count("length"):
             log.warning(
-                "plan samples cut at max_tokens", samples=cut, max_tokens=request.max_tokens
+                "plan samples cut at max_tokens",
+                **{
+                    "event.action": "planner.generate",
+                    "labels.samples": cut,
+                    "labels.max_tokens": request.max_tokens,
+                },
             )
         usage = body.get("usage") or {}
         return OpenAIGeneration(

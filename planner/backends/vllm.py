@@ -122,10 +122,13 @@ class VllmBackend:
         args = self.engine_args(model)
         log.info(
             "starting vllm engine",
-            model=model,
-            quantization=args.quantization,
-            dtype=args.dtype,
-            max_model_len=args.max_model_len,
+            **{
+                "event.action": "planner.load",
+                "labels.model": model,
+                "labels.quantization": args.quantization,
+                "labels.dtype": args.dtype,
+                "labels.max_model_len": args.max_model_len,
+            },
         )
         # Building the engine blocks for tens of seconds (weights, KV cache, warm-up);
         # a worker thread keeps the event loop answering health checks meanwhile.
@@ -136,7 +139,14 @@ class VllmBackend:
             raise RuntimeError(f"model {model} has no chat template; the planner needs one")
         self._dead = None
         self.load_seconds = time.perf_counter() - started
-        log.info("vllm engine ready", model=self.model, load_s=round(self.load_seconds, 1))
+        log.info(
+            "vllm engine ready",
+            **{
+                "event.action": "planner.load",
+                "labels.model": self.model,
+                "labels.load_s": round(self.load_seconds, 1),
+            },
+        )
 
     async def close(self) -> None:
         engine, self._engine = self._engine, None
@@ -203,7 +213,13 @@ class VllmBackend:
                 final = output
         except EngineDeadError:
             self._dead = "vllm engine died; restart the planner"
-            log.error("vllm engine died", request_id=request_id)
+            log.error(
+                "vllm engine died",
+                **{
+                    "event.action": "planner.generate",
+                    "labels.request_id": request_id,
+                },
+            )
             raise VllmEngineDead(self._dead) from None
         except (ValueError, RuntimeError) as exc:
             # Rejected by the engine (bad parameters, schema the grammar compiler refuses).
@@ -217,7 +233,14 @@ class VllmBackend:
             raise DependencyUnavailable("vllm ended the request without a final output")
         completions = sorted(final.outputs, key=lambda o: o.index)
         if cut := sum(c.finish_reason == "length" for c in completions):
-            log.warning("plan samples cut at max_tokens", samples=cut, max_tokens=params.max_tokens)
+            log.warning(
+                "plan samples cut at max_tokens",
+                **{
+                    "event.action": "planner.generate",
+                    "labels.samples": cut,
+                    "labels.max_tokens": params.max_tokens,
+                },
+            )
         return Generation(
             texts=[c.text for c in completions],
             prompt_tokens=len(final.prompt_token_ids or ids),

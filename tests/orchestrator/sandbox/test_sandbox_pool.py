@@ -142,10 +142,11 @@ async def test_a_failing_replacement_is_retried_with_backoff(
             "configured": 2,
             "restart_failures": 0,
         }
-        failed = [entry for entry in logs if entry["event"] == "sandbox_worker_restart_failed"]
-        delays = [entry["retry_in_s"] for entry in failed]
+        failed = [e for e in logs if e.get("event.action") == "sandbox.worker.restart"]
+        delays = [entry["labels.retry_in_s"] for entry in failed]
         assert len(delays) >= 3 and delays[:3] == [0.01, 0.02, 0.04], delays
-        assert all(entry["workers"] == 1 and entry["configured"] == 2 for entry in failed)
+        assert all(e["labels.workers"] == 1 and e["labels.configured"] == 2 for e in failed)
+        assert all(e["event.outcome"] == "failure" and e["error.message"] for e in failed)
         outcomes = await asyncio.gather(*(sb.run(f"{i} * 2", {}, 5.0) for i in range(4)))
         assert [o.result for o in outcomes] == [0, 2, 4, 6]
     finally:
