@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextvars
+import dataclasses
 import json
 import os
 import platform
@@ -252,7 +253,7 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
     unconstrained: dict[str, Any] = {}
     backend = recorder.backend
     k = min(args.unconstrained, len(questions))
-    if k and hasattr(backend, "constrained"):
+    if k:
         schema = plan_json_schema(tool_names())
         has_engines = hasattr(backend, "grammar_engine")
         engine = settings.grammar_engine if has_engines else "schema"
@@ -272,11 +273,13 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
         ]
 
         def use(variant: str | None) -> None:
-            backend.constrained = variant is not None
             if has_engines:
                 backend.grammar_engine = variant or engine
 
         async def decode(variant: str | None, request: GenerationRequest) -> None:
+            # The unconstrained variant is the same request without its schema: free text.
+            if variant is None:
+                request = dataclasses.replace(request, json_schema=None)
             async with gate:
                 generation, stats = await recorder.measure(request)
             paired[variant].append(stats)
@@ -295,7 +298,6 @@ async def main(args: argparse.Namespace) -> dict[str, Any]:
             for variant in variants:
                 use(variant)
                 await asyncio.gather(*(decode(variant, r) for r in requests))
-        backend.constrained = True
         if has_engines:
             backend.grammar_engine = engine
         c_rate, c_tokens, _ = decode_rate(paired[engine])

@@ -52,9 +52,6 @@ class OpenAIBackend:
         self.model = settings.openai_model or ""
         self._transport = transport
         self._client: httpx.AsyncClient | None = None
-        # Requests without `response_format` exist only to measure what the schema costs
-        # (scripts/bench_planner.py); the service never turns this off.
-        self.constrained = True
 
     def _headers(self) -> dict[str, str]:
         headers = {"Accept": "application/json"}
@@ -117,7 +114,7 @@ class OpenAIBackend:
             "top_p": request.top_p,
             "max_tokens": request.max_tokens,
         }
-        if self.constrained and request.json_schema is not None:
+        if request.json_schema is not None:
             payload["response_format"] = {
                 "type": "json_schema",
                 "json_schema": {"name": "plan", "schema": request.json_schema, "strict": True},

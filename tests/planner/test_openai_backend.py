@@ -8,6 +8,7 @@ import re
 import subprocess
 import sys
 from collections.abc import Iterator
+from dataclasses import replace
 
 import httpx
 import pytest
@@ -127,12 +128,10 @@ async def test_sends_schema_n_sampling_and_bearer_key_in_one_request() -> None:
 
 
 @pytest.mark.unit
-async def test_unconstrained_requests_for_measurement_carry_no_response_format() -> None:
+async def test_a_request_without_a_schema_carries_no_response_format() -> None:
     rec = Recorder()
     backend = await loaded(rec)
-    backend.constrained = False
-    await backend.generate(request(n=1))
-    backend.constrained = True
+    await backend.generate(replace(request(n=1), json_schema=None))
     await backend.generate(request(n=1))
     await backend.close()
     bodies = [json.loads(r.content) for r in rec.requests if r.url.path.endswith("/completions")]
