@@ -97,7 +97,7 @@ class Recorder:
         started = time.perf_counter()
         generation = await self.backend.generate(request)
         wall = time.perf_counter() - started
-        stats = getattr(self.backend, "last_stats", None) or SimpleNamespace(
+        stats = generation.stats or SimpleNamespace(
             completion_tokens=generation.completion_tokens, wall_s=wall, prompt_eval_s=0.0
         )
         call = (generation, stats)

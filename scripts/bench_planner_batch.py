@@ -243,8 +243,8 @@ class Bench:
     def stats(backend: Any, generation: Generation, wall: float) -> Any:
         """The backend's own figures; for the server, what the client sees (the wall time
         includes prefill, and the prompt tokens are the server's count)."""
-        if hasattr(backend, "last_stats"):
-            return backend.last_stats
+        if generation.stats is not None:
+            return generation.stats
         return SimpleNamespace(
             completion_tokens=generation.completion_tokens,
             prompt_eval_tokens=generation.prompt_tokens,

@@ -91,6 +91,9 @@ class Generation:
     prompt_tokens: int = 0
     completion_tokens: int = 0
     usage: Usage | None = None  # None: the backend reports only the token counts
+    # The backend's own figures for this call, where it has more than `usage` (llama.cpp:
+    # its GenerationStats, per-completion counts and batch sizes); benchmarks read them.
+    stats: Any = None
 
     def cost(self) -> Usage:
         return self.usage or Usage(

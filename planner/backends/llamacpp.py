@@ -57,7 +57,7 @@ class GenerationCancelled(RuntimeError):
 
 @dataclass
 class GenerationStats:
-    """Timings of the last `generate` call, for benchmarks and logs."""
+    """Timings of one `generate` call (`Generation.stats`), for benchmarks and logs."""
 
     completions: int = 0
     prompt_tokens: int = 0
@@ -218,7 +218,6 @@ class LlamaCppBackend:
         self._grammars: dict[str, Any] = {}
         self._active: set[threading.Event] = set()
         self.load_seconds: float | None = None
-        self.last_stats = GenerationStats()
 
     async def load(self) -> None:
         gguf = resolve_gguf(self.settings.model, self.settings.model_path, self._cache_dir)
@@ -465,7 +464,6 @@ class LlamaCppBackend:
         usage: Usage | None = None,
     ) -> Generation:
         stats.completions = len(texts)
-        self.last_stats = stats
         if usage is None:  # the sequential path: llama.cpp's own counters
             usage = Usage(
                 prompt_tokens=stats.prompt_tokens,
@@ -481,6 +479,7 @@ class LlamaCppBackend:
             prompt_tokens=stats.prompt_tokens,
             completion_tokens=stats.completion_tokens,
             usage=usage,
+            stats=stats,
         )
 
     def _generate_sequential(

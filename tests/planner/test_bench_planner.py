@@ -26,7 +26,7 @@ def bench() -> ModuleType:
 
 
 class SlowBackend:
-    """Answers after a delay, with no `last_stats` (like an HTTP endpoint)."""
+    """Answers after a delay, with no stats of its own (like an HTTP endpoint)."""
 
     name = "fake"
     model = "fake-model"
@@ -63,8 +63,13 @@ async def test_recorder_times_calls_and_keeps_each_questions_calls_apart() -> No
 @pytest.mark.unit
 async def test_recorder_prefers_the_backends_own_stats() -> None:
     module = bench()
-    backend = SlowBackend()
     own = SimpleNamespace(completion_tokens=7, wall_s=1.0, prompt_eval_s=0.2)
-    setattr(backend, "last_stats", own)  # noqa: B010 (SlowBackend declares none)
-    generation, stats = await module.Recorder(backend).measure(request("x"))
+
+    class OwnStats(SlowBackend):
+        async def generate(self, request: GenerationRequest) -> Generation:
+            generation = await super().generate(request)
+            generation.stats = own
+            return generation
+
+    generation, stats = await module.Recorder(OwnStats()).measure(request("x"))
     assert stats is own and generation.texts == ["x"]

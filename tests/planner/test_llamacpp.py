@@ -142,7 +142,7 @@ def test_grammar_forces_the_schema_on_a_tiny_model(tmp_path: Path, engine: str) 
         {"role": "user", "content": "Use the tool `shell` to run `ls`. Do not use calc."},
     ]
 
-    async def run(constrained: bool) -> list[str]:
+    async def run(constrained: bool) -> Any:
         backend.constrained = constrained
         request = GenerationRequest(
             messages=messages,
@@ -152,18 +152,19 @@ def test_grammar_forces_the_schema_on_a_tiny_model(tmp_path: Path, engine: str) 
             max_tokens=400,  # room to close the JSON (GBNF's bounds force it to)
             seed=1,
         )
-        return (await backend.generate(request)).texts
+        return await backend.generate(request)
 
-    async def scenario() -> tuple[list[str], list[str]]:
+    async def scenario() -> tuple[Any, Any]:
         await backend.load()
         try:
             return await run(True), await run(False)
         finally:
             await backend.close()
 
-    constrained, free = asyncio.run(scenario())
+    constrained_run, free_run = asyncio.run(scenario())
+    constrained, free = constrained_run.texts, free_run.texts
     assert len(constrained) == 2
-    assert backend.last_stats.completions == 2
+    assert constrained_run.stats.completions == 2 and free_run.stats.completions == 2
     assert backend.grammar_engine == engine
     for text in constrained:
         data = json.loads(text)  # complete JSON, not cut off

@@ -114,7 +114,7 @@ def run(backend: Any, req: Any) -> Any:
 
 def test_three_samples_decode_as_one_job_of_three_valid_plans(backend: Any) -> None:
     generation = run(backend, request(3))
-    assert backend.last_stats.batch_sizes == [3]  # one job, not three decodes
+    assert generation.stats.batch_sizes == [3]  # one job, not three decodes
     assert generation.usage.batch_size_max == 3
     assert len(generation.texts) == 3
     for text in generation.texts:
@@ -304,17 +304,18 @@ def test_a_cancelled_request_leaves_the_batch_within_a_token(backend: Any) -> No
 def test_a_sequence_that_stops_early_does_not_stop_the_others(backend: Any) -> None:
     long = "no, and here is a much longer answer that takes many more tokens to write out"
     schema = {"type": "string", "enum": ["yes", long]}
-    texts = run(backend, request(4, seed=3, temperature=1.5, schema=schema)).texts
-    tokens = [c["completion_tokens"] for c in backend.last_stats.per_completion]
+    generation = run(backend, request(4, seed=3, temperature=1.5, schema=schema))
+    texts = generation.texts
+    tokens = [c["completion_tokens"] for c in generation.stats.per_completion]
     assert {json.loads(t) for t in texts} == {"yes", long}, texts  # both lengths in one job
     assert min(tokens) < 10 < max(tokens)
-    assert all(c["finish_reason_length"] == 0 for c in backend.last_stats.per_completion)
+    assert all(c["finish_reason_length"] == 0 for c in generation.stats.per_completion)
 
 
 def test_more_samples_than_the_batch_holds_run_as_several_jobs(backend: Any) -> None:
-    texts = run(backend, request(6, max_tokens=60)).texts
-    assert len(texts) == 6
-    assert backend.last_stats.batch_sizes == [4, 2]
+    generation = run(backend, request(6, max_tokens=60))
+    assert len(generation.texts) == 6
+    assert generation.stats.batch_sizes == [4, 2]
 
 
 def test_a_prompt_longer_than_the_context_is_a_clear_error(backend: Any) -> None:
@@ -440,7 +441,7 @@ def test_free_text_samples_end_at_their_stop_string(backend: Any) -> None:
     )
     generation = run(backend, req)
     assert len(generation.texts) == 2
-    for text, figures in zip(generation.texts, backend.last_stats.per_completion, strict=True):
+    for text, figures in zip(generation.texts, generation.stats.per_completion, strict=True):
         # "The sea": the token " sea" holds the first space after the first word
         assert " " in text and text.strip().count(" ") <= 1, text
         assert figures["finish_reason_length"] == 0.0

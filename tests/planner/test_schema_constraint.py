@@ -290,7 +290,6 @@ def test_backend_fails_and_logs_a_completion_whose_constraint_failed(
     with capture_logs() as logs, pytest.raises(ConstraintError) as failed:
         asyncio.run(scenario())
     assert failed.value.status_code == 503 and "matcher state lost" in failed.value.message
-    assert backend.last_stats.completion_tokens == 0  # the call never completed
     failures = [e for e in logs if e["event"] == "constrained decoding failed"]
     assert failures and "matcher state lost" in failures[0]["error.message"]
     assert len(failures) == 1
