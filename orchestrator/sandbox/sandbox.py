@@ -23,7 +23,7 @@ import platform
 import signal
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -112,12 +112,6 @@ class SandboxResult:
     error: str | None = None
     category: str | None = None
     latency_ms: float = 0.0
-    extra: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data.pop("extra")
-        return data
 
 
 class _WorkerLost(Exception):
