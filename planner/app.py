@@ -3,10 +3,6 @@ answers it with the model's own chain-of-thought solutions (no tools)."""
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -15,6 +11,7 @@ from planner.backends import create_backend
 from planner.service import PlannerService
 from services.app import cancel_on_disconnect, create_service_app
 from services.logging import configure_logging
+from services.model_host import loading_lifespan
 from services.schemas import PlanRequest, PlanResponse, SolveRequest, SolveResponse
 from services.settings import PlannerSettings
 
@@ -28,22 +25,9 @@ def create_app(
     )
     planner = service or PlannerService(create_backend(settings), settings)
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # Load in the background: /healthz answers at once, /readyz says "loading" until
-        # the model is up, and /plan answers 503 with the reason meanwhile.
-        loading = asyncio.create_task(planner.load())
-        try:
-            yield
-        finally:
-            loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loading
-            await planner.backend.close()
-
     app = create_service_app(
         name="planner",
-        lifespan=lifespan,
+        lifespan=loading_lifespan(planner),
         readiness=planner.readiness,
         limits=settings.http_limits(),
     )

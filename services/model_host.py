@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from typing import Any
 
 import structlog
@@ -46,3 +50,23 @@ class ModelHost:
                 return False, problem
             return True, f"{self.backend.name}:{self.backend.model} loaded"
         return False, self.load_error or "model loading"
+
+
+def loading_lifespan(service: Any) -> Callable[[Any], AbstractAsyncContextManager[None]]:
+    """The app lifespan of a model service: the model loads in the background, so
+    /healthz answers at once and /readyz says "loading" (requests that need the model get
+    503 meanwhile); at shutdown a load still running is cancelled and the backend closed.
+    `service` has `load()` and `backend.close()` (a ModelHost or what wraps one)."""
+
+    @asynccontextmanager
+    async def lifespan(_: Any) -> AsyncIterator[None]:
+        loading = asyncio.create_task(service.load())
+        try:
+            yield
+        finally:
+            loading.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await loading
+            await service.backend.close()
+
+    return lifespan

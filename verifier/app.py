@@ -2,15 +2,11 @@
 
 from __future__ import annotations
 
-import asyncio
-import contextlib
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
-
 from fastapi import FastAPI, Request
 
 from services.app import create_service_app
 from services.logging import configure_logging
+from services.model_host import loading_lifespan
 from services.schemas import (
     VerifyBatchRequest,
     VerifyBatchResponse,
@@ -31,22 +27,9 @@ def create_app(
     )
     verifier = service or VerifierService(create_backend(settings), settings)
 
-    @asynccontextmanager
-    async def lifespan(_: FastAPI) -> AsyncIterator[None]:
-        # Load in the background: /healthz answers at once, /readyz turns true when the
-        # model is loaded, and a claim that needs the model meanwhile gets a 503.
-        loading = asyncio.create_task(verifier.load())
-        try:
-            yield
-        finally:
-            loading.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await loading
-            await verifier.backend.close()
-
     app = create_service_app(
         name="verifier",
-        lifespan=lifespan,
+        lifespan=loading_lifespan(verifier),
         readiness=verifier.readiness,
         limits=settings.http_limits(),
     )

@@ -23,7 +23,7 @@ import platform
 import signal
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
@@ -501,14 +501,7 @@ class Sandbox:
         started = time.perf_counter()
         result = await self._run(code, values, timeout_s)
         latency_ms = (time.perf_counter() - started) * 1000.0
-        result = SandboxResult(
-            status=result.status,
-            result=result.result,
-            stdout=result.stdout,
-            error=result.error,
-            category=result.category,
-            latency_ms=round(latency_ms, 3),
-        )
+        result = replace(result, latency_ms=round(latency_ms, 3))
         report = {"tool": "python", "status": result.status, "detail": result.error}
         if result.status == "refused" or result.category in _ALERT_CATEGORIES:
             security_alert(log, category=result.category or "refused", **report)
