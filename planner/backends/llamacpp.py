@@ -4,10 +4,10 @@ Decoding is constrained by the plan's JSON schema, so every completion is JSON o
 plan's shape with a registered tool name. Two engines do it (`PLANNER_GRAMMAR_ENGINE`):
 xgrammar (the default; see `schema_constraint`), a logits processor that masks each step
 from a precompiled automaton, and llama.cpp's own GBNF grammar sampler, which checks the
-whole vocabulary at every token and is markedly slower on this CPU
-(docs/benchmarks/planner.md). Either grammar is compiled here and passed explicitly:
-llama-cpp-python's `response_format` path silently falls back to unconstrained JSON when a
-schema fails to compile, and a silent fallback is exactly what must not happen.
+whole vocabulary at every token and is markedly slower (docs/benchmarks/planner.md).
+Either grammar is compiled here and passed explicitly: llama-cpp-python's
+`response_format` path silently falls back to unconstrained JSON when a schema fails to
+compile, and a silent fallback is exactly what must not happen.
 
 Generation runs off the event loop. With the model's own chat template and the xgrammar
 engine (the default), one `BatchEngine` thread owns the context (`llamacpp_engine`): the

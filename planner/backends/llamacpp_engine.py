@@ -1,15 +1,12 @@
 """Continuous batching on one llama.cpp context: every live sequence of every request
 advances in one `llama_decode` per token, and the prompt prefix is evaluated once.
 
-Where a decode step is bound by reading the weights, advancing eight sequences in one
-step costs little more than advancing one; where it is bound by the matmuls (the 2-core
-box this project measures on), a step of several tokens still runs on every core, which
-a one-token step cannot use. This is what vLLM's scheduler does on a GPU; llama.cpp
-provides the parts (a multi-sequence `llama_batch`, a unified KV cache whose cells can
-be tagged with several sequence ids, per-sequence removal) and its own server builds a
-scheduler over them in C++. The backend runs in-process, so the loop is here, over
-llama-cpp-python's low-level bindings; what it does per step is a few list operations
-around the one `llama_decode`, which is where the time goes (docs/benchmarks/planner.md).
+Advancing several sequences in one step costs far less than advancing them one by one
+(vLLM's scheduler does the same on a GPU). llama.cpp provides the parts (a
+multi-sequence `llama_batch`, a unified KV cache whose cells can be tagged with several
+sequence ids, per-sequence removal); its own server schedules over them in C++, and this
+in-process backend does it here, over llama-cpp-python's low-level bindings: a few list
+operations per step around the one `llama_decode`.
 
 One engine thread owns the context. Requests become jobs (`submit`, from any thread):
 
@@ -49,11 +46,9 @@ typical 1.0, top-p, min-p 0.05, temperature, seeded `dist`; greedy at temperatur
 with seed + k * stride, the grammar mask applied first; the prefix is always evaluated
 the same way and a question always in its own `llama_decode`; and the context is opened
 with flash attention, under which a sequence's attention skips the cells of other
-sequences. Alone or batched, the output is the same as long as ggml's kernels are
-batch-invariant, which they are not everywhere: a one-token step over 512 cells or more
-takes another attention kernel than a step of several tokens, cells freed by a finished
-sequence can be reused out of order by a running one, and repacked weights change their
-GEMM at 4 rows. docs/benchmarks/planner.md records what was measured.
+sequences. Alone or batched, the output is the same wherever ggml's kernels are
+batch-invariant; where they are not (docs/benchmarks/planner.md lists the cases), a
+batched sample can come out differently from the same sample decoded alone.
 """
 
 from __future__ import annotations
