@@ -5,14 +5,16 @@ Rule (pinned; changing it changes every published figure):
 1. The text is the mode's final answer text: the `answer` field of `/reason` for the
    pipeline modes, the whole completion for `direct`.
 2. The predicted answer is the LAST number in that text (`services.answers.last_number`,
-   the rule the planner's `/solve` answers are read with too). A number is an optional
+   the rule the planner's `/solve` answers are read with too), read as a number by the
+   service's one answer parser (`services.answers.answer_number`). A number is an optional
    minus sign (ASCII or U+2212) that does not follow a letter, digit or dot, then digits
    with optional thousands commas (`1,234,567`), an optional decimal part and an optional
    exponent (`1e-05`), or a bare decimal part (`.5`). Commas inside a number are removed;
    a comma between numbers that is not a thousands separator ends the number (`3,4` is
    two numbers). A number glued to a preceding letter (`s1`, `x2`) does not count, and
    neither does one past 10^400 (`1e999999999`: no gold is near it, and as an integer
-   it would take minutes to build).
+   it would take minutes to build) or one the parser does not read exactly (more than
+   1000 digits, an exponent past +-1000 or written with more than four digits).
 3. A prediction is correct when `|predicted - gold| <= 1e-6 * max(1, |gold|)`: an
    absolute tolerance of 1e-6, relative for golds larger than 1.
 4. No number, or no text at all, is a wrong answer.
@@ -20,30 +22,24 @@ Rule (pinned; changing it changes every published figure):
 
 from __future__ import annotations
 
-import math
-from decimal import Decimal, InvalidOperation
-
-from services.answers import last_number
+from services.answers import answer_number, last_number
 
 TOLERANCE = 1e-6
 MAX_EXPONENT = 400  # past any float; an int of 10**999999999 would take minutes
+_TOO_LARGE = 10 ** (MAX_EXPONENT + 1)  # the first value whose leading digit is past 10^400
 
 
 def extract_number(text: str | None) -> int | float | None:
     """The last number in `text` (rule above), as an int when it is integral."""
-    number = last_number(text)
-    if number is None:
+    value = answer_number(last_number(text))
+    if value is None or abs(value) >= _TOO_LARGE:
         return None
-    try:
-        value = Decimal(number)
-    except InvalidOperation:
-        return None
-    if not value.is_finite() or value.adjusted() > MAX_EXPONENT:
-        return None
-    if value == value.to_integral_value():
+    if value.denominator == 1:
         return int(value)
-    as_float = float(value)
-    return as_float if math.isfinite(as_float) else None
+    try:
+        return float(value)
+    except OverflowError:  # a fraction past the float range
+        return None
 
 
 def is_correct(predicted: int | float | None, gold: int | float | None) -> bool:

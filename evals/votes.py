@@ -4,7 +4,7 @@ A `votes4x4` line keeps every vote of its item in the order drawn (`agreement.vo
 four executed plans, then four chain-of-thought solutions, the first of them greedy).
 Any vote over the first `p` plans and the first `q` solutions can be replayed from it,
 the way the orchestrator counts: answers that mean the same number vote together
-(`orchestrator.service.answer_key`), the most votes win, and a tie goes to the sample
+(`services.answers.answer_key`, the orchestrator's own), the most votes win, and a tie goes to the sample
 drawn first (plans before solutions, as the orchestrator orders them; the verifier,
 which breaks ties when asked, is left out). A replay is scored with the evaluation's
 one extraction rule.
@@ -23,8 +23,7 @@ from pathlib import Path
 
 from evals.extract import extract_number, is_correct
 from evals.stats import wilson_interval
-from orchestrator.service import answer_key
-from services.answers import numbers
+from services.answers import answer_key, numbers
 
 
 @dataclass(frozen=True)

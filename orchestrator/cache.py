@@ -12,7 +12,6 @@ import asyncio
 import hashlib
 import json
 import time
-import unicodedata
 from collections import OrderedDict
 from collections.abc import Callable
 from typing import Any, Protocol, TypeVar
@@ -21,6 +20,9 @@ import structlog
 from prometheus_client import Counter
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
+
+# keys are made of normalized text: what a question asks, as services.answers reads it
+from services.answers import normalize_text as normalize_text
 
 log = structlog.get_logger("cache")
 
@@ -41,11 +43,6 @@ class Cache(Protocol):
     async def ping(self) -> bool: ...
 
     async def close(self) -> None: ...
-
-
-def normalize_text(text: str) -> str:
-    """Case, Unicode form and whitespace do not change what a question asks."""
-    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
 
 
 def make_key(kind: str, tenant: str, *parts: Any) -> str:

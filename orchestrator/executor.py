@@ -12,7 +12,6 @@ skipped); a sandbox step first takes one of its tenant's sandbox slots.
 from __future__ import annotations
 
 import asyncio
-import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -37,11 +36,6 @@ class Execution:
     plan: Plan
     steps: list[StepResult]
     values: dict[str, Any] = field(default_factory=dict)
-    elapsed_ms: float = 0.0
-
-    @property
-    def answer_value(self) -> Any:
-        return self.values.get(self.plan.answer_step)
 
     @property
     def answer(self) -> str | None:
@@ -103,7 +97,6 @@ class PlanExecutor:
         the sandbox share counts."""
         check_plan(plan, self.registry.names)
         loop = asyncio.get_running_loop()
-        started = time.perf_counter()
         by_id = {s.id: s for s in plan.steps}
         done: dict[str, asyncio.Future[bool]] = {s.id: loop.create_future() for s in plan.steps}
         results: dict[str, StepResult] = {}
@@ -177,7 +170,7 @@ class PlanExecutor:
                     result = _skipped(step, "request deadline reached before the step started")
                 await record(result)
         ordered = [results[s.id] for s in plan.steps]
-        return Execution(plan, ordered, values, (time.perf_counter() - started) * 1000)
+        return Execution(plan, ordered, values)
 
 
 def _skipped(step: Any, reason: str) -> StepResult:

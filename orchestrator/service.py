@@ -22,20 +22,22 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import structlog
 from prometheus_client import Counter, Histogram
 
-from orchestrator.cache import Cache, cache_get, make_key, normalize_text
+from orchestrator.cache import Cache, cache_get, make_key
 from orchestrator.confidence import Calibrator
-from orchestrator.executor import Execution, PlanExecutor
+from orchestrator.executor import Execution, PlanExecutor, StepCallback
 from orchestrator.limits import TenantSemaphore, ToolBudget
 from orchestrator.tools.registry import ToolRegistry
 from services import tracing
-from services.arith import parse_number
+from services.answers import answer_key, normalize_text
+from services.claims import plan_claim, solution_claim
 from services.errors import (
     DeadlineExceeded,
     DependencyUnavailable,
@@ -55,7 +57,6 @@ from services.schemas import (
     Signals,
     Solution,
     SolveResponse,
-    StepResult,
     Timings,
     Verdict,
     VerifyBatchResponse,
@@ -82,8 +83,7 @@ LOW_AGREEMENT = 0.5  # the served answer has fewer than half of the round's plan
 VERIFY_MIN_BUDGET_S = 0.05
 VERIFY_RESERVE_S = 2.5  # left for the verifier after more plans (the model verifier: ~2 s)
 PLAN_MIN_BUDGET_S = 0.05
-
-StepCallback = Callable[[StepResult], Awaitable[None] | None]
+STAGES = ("plan", "solve", "execute", "verify")
 
 
 @dataclass(frozen=True)
@@ -170,17 +170,15 @@ class Attempt:
         return sum(s.status == "ok" for s in self.execution.steps)
 
 
-def answer_key(answer: str | None) -> str | None:
-    """Answers that mean the same number vote together ('72', '72.0', '1,234', '$72').
-
-    Answers are model and tool output: they are read with the bounded `parse_number`,
-    never `Fraction()`, which spends seconds on an output such as `1e30000000`.
-    """
-    if answer is None:
-        return None
-    text = answer.strip().strip('"').rstrip(".")
-    value = parse_number(text)
-    return str(value) if value is not None else normalize_text(text)
+@contextmanager
+def timed(timings: dict[str, float], stage: str) -> Iterator[None]:
+    """Add the block's wall time to `timings[stage]`, in ms, on `time.perf_counter()`
+    (the event loop's clock ticks in whole milliseconds under uvloop)."""
+    t0 = time.perf_counter()
+    try:
+        yield
+    finally:
+        timings[stage] += (time.perf_counter() - t0) * 1000
 
 
 class ReasonService:
@@ -234,56 +232,62 @@ class ReasonService:
     ) -> ReasonResponse:
         """Answer `request`. `tenant` namespaces the caches; `limits_tenant` (default:
         `tenant`) is who the per-tenant sandbox share counts."""
-        loop = asyncio.get_running_loop()
         # the deadline is on the loop's clock (asyncio.timeout_at); the timings are not:
         # uvloop's clock ticks in whole milliseconds, cached per loop iteration
         started = time.perf_counter()
-        deadline = loop.time() + request.options.deadline_s
+        deadline = asyncio.get_running_loop().time() + request.options.deadline_s
         trace_id = tracing.current_trace_id()
         key = self._answer_cache_key(request, tenant)
-
         if request.options.use_cache:
-            response = await cache_get(
-                self.cache, key, "answer", ReasonResponse.model_validate_json
-            )
-            if response is not None:
-                response.cached_trace_id = response.cached_trace_id or response.trace_id
-                response.trace_id = trace_id
-                response.cached = True
-                response.timings_ms = Timings(
-                    total=round((time.perf_counter() - started) * 1000, 3)
-                )
-                REQUESTS.labels(response.verdict, "true").inc()
-                log.info(
-                    "answer served from cache",
-                    **{
-                        "event.action": "reason.cache_hit",
-                        "labels.cached_trace_id": response.cached_trace_id,
-                    },
-                )
-                return response
+            cached = await self._cached_answer(key, trace_id, started)
+            if cached is not None:
+                return cached
+        run = Run(
+            trace_id, tenant, on_step, ToolBudget(self.max_tool_calls), limits_tenant or tenant
+        )
+        timings = dict.fromkeys(STAGES, 0.0)
+        chosen, rounds = await self._rounds(request, deadline, timings, run)
+        total_ms = (time.perf_counter() - started) * 1000
+        response = self._response(request, chosen, rounds, timings, total_ms, trace_id)
+        _observe(response, timings, total_ms)
+        if request.options.use_cache and _cacheable(response, chosen):
+            await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
+        return response
 
-        timings = {"plan": 0.0, "solve": 0.0, "execute": 0.0, "verify": 0.0}
-        # the most trusted round so far: when every round is rejected, the answer served is
-        # the one the verifier trusted most, not whatever the last replan produced
+    async def _cached_answer(
+        self, key: str, trace_id: str, started: float
+    ) -> ReasonResponse | None:
+        """The cached response for the request, re-stamped for this request, or None."""
+        response = await cache_get(self.cache, key, "answer", ReasonResponse.model_validate_json)
+        if response is None:
+            return None
+        response.cached_trace_id = response.cached_trace_id or response.trace_id
+        response.trace_id = trace_id
+        response.cached = True
+        response.timings_ms = Timings(total=round((time.perf_counter() - started) * 1000, 3))
+        REQUESTS.labels(response.verdict, "true").inc()
+        log.info(
+            "answer served from cache",
+            **{
+                "event.action": "reason.cache_hit",
+                "labels.cached_trace_id": response.cached_trace_id,
+            },
+        )
+        return response
+
+    async def _rounds(
+        self, request: ReasonRequest, deadline: float, timings: dict[str, float], run: Run
+    ) -> tuple[Outcome, int]:
+        """Run rounds until one leaves no replan reason in `replan_on`, the replans are
+        used up, or the budget or the time for another round is; return the most trusted
+        round (when every round is rejected, the answer served is the one the verifier
+        trusted most, not whatever the last replan produced) and how many rounds ran."""
         chosen: Outcome | None = None
         feedback: str | None = None
         reason: ReplanReason | None = None  # why the round about to run is a replan
         rounds = 0
-        budget = ToolBudget(self.max_tool_calls)
-        run = Run(trace_id, tenant, on_step, budget, limits_tenant or tenant)
         for round_no in range(self.max_replans + 1):
-            if round_no > 0 and budget.spent:
-                log.info(
-                    "tool-call budget spent, no further round",
-                    **{"event.action": "reason.replan_skip"},
-                )
-                break
-            remaining = deadline - loop.time()
-            if round_no > 0 and remaining < 2 * max(
-                (timings["plan"] + timings["execute"] + timings["verify"]) / round_no / 1000, 0.05
-            ):
-                log.info("no time left for another round", **{"event.action": "reason.replan_skip"})
+            if round_no > 0 and not self._another_round_fits(deadline, timings, run, round_no):
                 break
             rounds = round_no + 1
             if reason is not None:
@@ -305,49 +309,55 @@ class ReasonService:
             reason = due[0]
             feedback = describe_failure(outcome.best, reason, attempts)
         assert chosen is not None
+        return chosen, rounds
+
+    def _another_round_fits(
+        self, deadline: float, timings: dict[str, float], run: Run, rounds_done: int
+    ) -> bool:
+        """Whether the tool-call budget and the deadline leave room for another round:
+        twice the time an average round so far took (at least 50 ms)."""
+        if run.budget.spent:
+            log.info(
+                "tool-call budget spent, no further round",
+                **{"event.action": "reason.replan_skip"},
+            )
+            return False
+        remaining = deadline - asyncio.get_running_loop().time()
+        spent_s = (timings["plan"] + timings["execute"] + timings["verify"]) / 1000
+        if remaining < 2 * max(spent_s / rounds_done, 0.05):
+            log.info("no time left for another round", **{"event.action": "reason.replan_skip"})
+            return False
+        return True
+
+    def _response(
+        self,
+        request: ReasonRequest,
+        chosen: Outcome,
+        rounds: int,
+        timings: dict[str, float],
+        total_ms: float,
+        trace_id: str,
+    ) -> ReasonResponse:
+        """The response serving the chosen round's answer: with its plan's steps, or its
+        solution, and the vote when there was one to show."""
         best = chosen.best
-        total_ms = (time.perf_counter() - started) * 1000
-        for stage, ms in timings.items():
-            STAGE_LATENCY.labels(stage).observe(ms / 1000)
-        STAGE_LATENCY.labels("total").observe(total_ms / 1000)
-        signals = chosen.signals.model_copy(update={"rounds": rounds})
-        response = ReasonResponse(
+        options = request.options
+        shows_vote = options.n_plans > 1 or bool(options.n_prose) or rounds > 1
+        return ReasonResponse(
             trace_id=trace_id,
             answer=best.answer,
             verdict=chosen.verdict,
             confidence=round(chosen.confidence, 6),
-            signals=signals,
+            signals=chosen.signals.model_copy(update={"rounds": rounds}),
             plan=best.execution.plan if best.execution else None,
             steps=best.execution.steps if best.execution else [],
             solution=best.solution,
             cached=False,
-            agreement=Agreement(
-                plans=len(chosen.attempts),
-                agreeing=chosen.agreeing,
-                rounds=rounds,
-                votes=[
-                    Vote(source=a.source, answer=_vote_answer(a.answer)) for a in chosen.attempts
-                ],
-            )
-            if (request.options.n_plans > 1 or request.options.n_prose or rounds > 1)
-            else None,
+            agreement=_agreement(chosen, rounds) if shows_vote else None,
             timings_ms=Timings(
-                plan=round(timings["plan"], 3),
-                solve=round(timings["solve"], 3),
-                execute=round(timings["execute"], 3),
-                verify=round(timings["verify"], 3),
-                total=round(total_ms, 3),
+                **{stage: round(ms, 3) for stage, ms in timings.items()}, total=round(total_ms, 3)
             ),
         )
-        REQUESTS.labels(response.verdict, "false").inc()
-        if (
-            request.options.use_cache
-            and response.answer is not None
-            and best.complete
-            and response.verdict != "rejected"
-        ):
-            await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
-        return response
 
     def _outcome(self, attempts: list[Attempt], round_no: int) -> Outcome:
         """The round's vote, its calibrated confidence and the verdict it would be served
@@ -378,32 +388,14 @@ class ReasonService:
         """One round: draw plans (adaptively) and, with `prose`, the chain-of-thought
         solutions beside the first ones; execute the plans; verify the leading answers."""
         n = request.options.n_plans
-        n_prose = request.options.n_prose if prose else 0
         first = n if n <= 2 or not request.options.adaptive else n // 2 + 1
-        loop = asyncio.get_running_loop()
-        t0 = loop.time()
-        drawn, solved = await asyncio.gather(
-            self._draw(request, deadline, feedback, timings, first, 0, run),
-            self._solve(request, deadline, n_prose, timings),
-            return_exceptions=True,
+        t0 = time.perf_counter()
+        executions, solutions = await self._first_draw(
+            request, deadline, feedback, timings, run, first, prose
         )
-        if isinstance(solved, BaseException):  # _solve degrades; anything else is a bug
-            raise solved
-        solutions: list[Solution] = solved
-        if isinstance(drawn, BaseException):
-            # no plan for the question, but the model's own answers: serve those
-            answered = any(s.answer is not None for s in solutions)
-            if not (isinstance(drawn, PlanningFailed | Unplannable) and answered):
-                raise drawn
-            log.warning(
-                "no plan could be made; voting on the chain-of-thought solutions",
-                **{"event.action": "reason.plan", "error.message": drawn.message},
-            )
-            executions: list[Execution] = []
-            first = n  # nothing more to draw
-        else:
-            executions = drawn
-        first_draw_s = loop.time() - t0
+        if not executions:
+            first = n  # no plan could be made (a draw gives one at least): draw no more
+        first_draw_s = time.perf_counter() - t0
         answers = [answer_key(e.answer) for e in executions]
         answers += [answer_key(s.answer) for s in solutions]
         # more plans only while they can still change the vote, and only with time left
@@ -412,24 +404,69 @@ class ReasonService:
             first < n
             and not run.budget.spent
             and not settled(answers, n + len(solutions))
-            and deadline - loop.time() > first_draw_s + VERIFY_RESERVE_S
+            and deadline - asyncio.get_running_loop().time() > first_draw_s + VERIFY_RESERVE_S
         ):
-            try:
-                executions += await self._draw(
-                    request, deadline, feedback, timings, n - len(executions), first, run
-                )
-            except (DependencyUnavailable, DeadlineExceeded, PlanningFailed) as exc:
-                log.warning(
-                    "no further plans could be drawn; voting on those drawn",
-                    **{"event.action": "reason.sample_more", "error.message": exc.message},
-                )
+            executions += await self._draw_more(
+                request, deadline, feedback, timings, run, n - len(executions), first
+            )
         # plans first: an answer both kinds gave is verified, and served, with its plan
         attempts = [Attempt(execution=e) for e in executions]
         attempts += [Attempt(solution=s) for s in solutions]
-        t0 = time.perf_counter()
-        await self._verify_all(request, attempts, deadline)
-        timings["verify"] += (time.perf_counter() - t0) * 1000
+        with timed(timings, "verify"):
+            await self._verify_all(request, attempts, deadline)
         return attempts
+
+    async def _first_draw(
+        self,
+        request: ReasonRequest,
+        deadline: float,
+        feedback: str | None,
+        timings: dict[str, float],
+        run: Run,
+        n: int,
+        prose: bool,
+    ) -> tuple[list[Execution], list[Solution]]:
+        """`n` plans, executed, and (with `prose`) the solutions, drawn together. A
+        question the planner cannot plan still has its solutions' answers: then no plans."""
+        n_prose = request.options.n_prose if prose else 0
+        drawn, solved = await asyncio.gather(
+            self._draw(request, deadline, feedback, timings, n, 0, run),
+            self._solve(request, deadline, n_prose, timings),
+            return_exceptions=True,
+        )
+        if isinstance(solved, BaseException):  # _solve degrades; anything else is a bug
+            raise solved
+        if not isinstance(drawn, BaseException):
+            return drawn, solved
+        answered = any(s.answer is not None for s in solved)
+        if not (isinstance(drawn, PlanningFailed | Unplannable) and answered):
+            raise drawn
+        log.warning(
+            "no plan could be made; voting on the chain-of-thought solutions",
+            **{"event.action": "reason.plan", "error.message": drawn.message},
+        )
+        return [], solved
+
+    async def _draw_more(
+        self,
+        request: ReasonRequest,
+        deadline: float,
+        feedback: str | None,
+        timings: dict[str, float],
+        run: Run,
+        n: int,
+        offset: int,
+    ) -> list[Execution]:
+        """The rest of the plans, executed; none when they cannot be drawn (the vote goes
+        on with the plans drawn first)."""
+        try:
+            return await self._draw(request, deadline, feedback, timings, n, offset, run)
+        except (DependencyUnavailable, DeadlineExceeded, PlanningFailed) as exc:
+            log.warning(
+                "no further plans could be drawn; voting on those drawn",
+                **{"event.action": "reason.sample_more", "error.message": exc.message},
+            )
+            return []
 
     async def _solve(
         self, request: ReasonRequest, deadline: float, n: int, timings: dict[str, float]
@@ -444,18 +481,16 @@ class ReasonService:
             remaining = max(remaining - VERIFY_RESERVE_S, remaining / 2)
         if remaining < PLAN_MIN_BUDGET_S:
             return []
-        t0 = time.perf_counter()
         try:
-            data = await self.planner.post_json(
-                "/solve", {"question": request.question, "n": n}, timeout_s=remaining
-            )
-            # model output through the planner: held to its schema, strictly
-            solutions = SolveResponse.model_validate(data, strict=True).solutions[:n]
+            with timed(timings, "solve"):
+                data = await self.planner.post_json(
+                    "/solve", {"question": request.question, "n": n}, timeout_s=remaining
+                )
+                # model output through the planner: held to its schema, strictly
+                solutions = SolveResponse.model_validate(data, strict=True).solutions[:n]
         except (ServiceError, ValueError) as exc:
             _degraded("no chain-of-thought solutions; voting on the plans alone", "solve", exc)
             return []
-        finally:
-            timings["solve"] += (time.perf_counter() - t0) * 1000
         return solutions
 
     async def _draw(
@@ -468,16 +503,11 @@ class ReasonService:
         offset: int,
         run: Run,
     ) -> list[Execution]:
-        t0 = time.perf_counter()
-        try:
+        with timed(timings, "plan"):
             plans = await self._plan(request, deadline, feedback, n, offset)
-        finally:
-            timings["plan"] += (time.perf_counter() - t0) * 1000
         PLANS_DRAWN.labels("first" if offset == 0 else "more").inc(len(plans))
-        t0 = time.perf_counter()
-        executions = await self._execute_all(plans, deadline, run)
-        timings["execute"] += (time.perf_counter() - t0) * 1000
-        return executions
+        with timed(timings, "execute"):
+            return await self._execute_all(plans, deadline, run)
 
     async def _plan(
         self,
@@ -601,43 +631,43 @@ def _degraded(message: str, stage: str, exc: Exception) -> None:
     )
 
 
+def _observe(response: ReasonResponse, timings: dict[str, float], total_ms: float) -> None:
+    """The request's metrics: its verdict and every stage's latency."""
+    for stage, ms in timings.items():
+        STAGE_LATENCY.labels(stage).observe(ms / 1000)
+    STAGE_LATENCY.labels("total").observe(total_ms / 1000)
+    REQUESTS.labels(response.verdict, "false").inc()
+
+
+def _cacheable(response: ReasonResponse, chosen: Outcome) -> bool:
+    """An answer is cached when its work finished and the verifier did not reject it."""
+    return response.answer is not None and chosen.best.complete and response.verdict != "rejected"
+
+
+def _agreement(chosen: Outcome, rounds: int) -> Agreement:
+    return Agreement(
+        plans=len(chosen.attempts),
+        agreeing=chosen.agreeing,
+        rounds=rounds,
+        votes=[Vote(source=a.source, answer=_vote_answer(a.answer)) for a in chosen.attempts],
+    )
+
+
 def claim(question: str, attempt: Attempt | Execution) -> dict[str, str]:
-    """The claim the verifier is asked about: the answer, with the work shown as context
-    (the plan's steps and their results, or the worked solution)."""
-    if isinstance(attempt, Attempt) and attempt.execution is None:
-        solution = attempt.solution
-        assert solution is not None
-        return {
-            "question": question[:4000],
-            "statement": f"The answer is {solution.answer}.",
-            "context": f"Worked solution:\n{solution.text}"[:16000],
-        }
-    execution = attempt.execution if isinstance(attempt, Attempt) else attempt
-    assert execution is not None
-    lines = []
-    for step in execution.steps:  # each part cut first: the context is cut to 16000 anyway
-        lines.append(
-            f"{step.id} [{step.tool}] {_cut(step.input)!r} -> {_cut(step.output)!r}"
-            if step.status in ("ok", "fallback")
-            else f"{step.id} [{step.tool}] {_cut(step.input)!r} -> {step.status}"
-        )
-    lines.append(f"answer_step: {execution.plan.answer_step}")
-    context = f"Plan: {execution.plan.reasoning}\nSteps:\n" + "\n".join(lines)
-    return {
-        "question": question[:4000],
-        "statement": f"The answer is {execution.answer}.",
-        "context": context[:16000],
-    }
+    """The claim the verifier is asked about (`services.claims`): the answer, with the
+    work shown as context (the plan's steps and their results, or the worked solution)."""
+    execution = attempt if isinstance(attempt, Execution) else attempt.execution
+    if execution is None:
+        assert isinstance(attempt, Attempt) and attempt.solution is not None
+        return solution_claim(question, attempt.solution.answer, attempt.solution.text)
+    plan = execution.plan
+    return plan_claim(question, execution.answer, plan.reasoning, execution.steps, plan.answer_step)
 
 
 def _vote_answer(answer: str | None) -> str | None:
     if answer is None or len(answer) <= VOTE_ANSWER_CHARS:
         return answer
     return answer[:VOTE_ANSWER_CHARS] + "…"
-
-
-def _cut(text: str | None, limit: int = 2000) -> str | None:
-    return text if text is None or len(text) <= limit else text[:limit] + "…"
 
 
 def _counts(attempts: list[Attempt]) -> dict[str, int]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import ast
 import asyncio
 import time
-from dataclasses import replace
+from dataclasses import dataclass, field, replace
 
 import structlog
 from prometheus_client import Counter, Histogram
@@ -31,7 +31,7 @@ from services.schemas import (
     plan_json_schema,
 )
 from services.settings import PlannerSettings
-from services.toolspecs import DEFAULT_TOOLS
+from services.toolspecs import DEFAULT_TOOLS, python_gives_answer
 
 log = structlog.get_logger("planner")
 
@@ -40,6 +40,34 @@ MAX_TRANSCRIBED_CHARS = 8000  # a longer draft is not pasted into a second promp
 PLANS = Counter("planner_plans_total", "Plans generated", ["outcome"])
 SOLUTIONS = Counter("planner_solutions_total", "Chain-of-thought solutions", ["answered"])
 PLAN_LATENCY = Histogram("planner_generation_seconds", "Backend generation latency")
+
+
+@dataclass
+class _PlanJob:
+    """One `/plan` request's progress over its attempts."""
+
+    request: PlanRequest
+    tools: list[ToolSpec]
+    feedback: str | None
+    plans: list[Plan] = field(default_factory=list)
+    seen: set[str] = field(default_factory=set)  # plans taken, as JSON
+    errors: list[str] = field(default_factory=list)
+    weak: list[Plan] = field(default_factory=list)  # valid, but failing check_python_steps
+    duplicates: int = 0
+    attempts: int = 0
+    usage: Usage = field(default_factory=Usage)
+
+    @property
+    def names(self) -> list[str]:
+        return [t.name for t in self.tools]
+
+    def fill_with_weak(self) -> None:
+        """Valid plans that failed only the python check, as a last resort."""
+        for plan in self.weak:
+            key = plan.model_dump_json()
+            if len(self.plans) < self.request.n and key not in self.seen:
+                self.seen.add(key)
+                self.plans.append(plan)
 
 
 class PlannerService(ModelHost):
@@ -120,126 +148,150 @@ class PlannerService(ModelHost):
         return out, usage
 
     async def plan(self, request: PlanRequest) -> PlanResponse:
+        """Up to `request.n` valid plans, in at most `max_attempts` generations; the
+        error of an attempt's last invalid plan is fed back to the next."""
         if not self.ready:
             raise NotReady(f"planner model not ready: {self.load_error or 'loading'}")
         started = time.perf_counter()
-        tools: list[ToolSpec] = list(request.tools or DEFAULT_TOOLS)
-        names = [t.name for t in tools]
-        spec = FORMATS[self.settings.plan_format]
-        schema = plan_json_schema(names, reasoning_chars=spec.reasoning_chars)
-        temperature = (
-            request.temperature if request.temperature is not None else self.settings.temperature
-        )
-        # distinct samples need sampling, and so do later samples of the same question
-        if request.n + request.offset > 1 and temperature == 0:
-            temperature = self.settings.temperature or 0.3  # distinct samples need sampling
-        plans: list[Plan] = []
-        seen: set[str] = set()
-        feedback = request.feedback
-        errors: list[str] = []
-        duplicates = 0
-        weak: list[Plan] = []
-        usage = Usage()
-        attempts = 0
-        fmt = self.settings.plan_format
+        job = _PlanJob(request, list(request.tools or DEFAULT_TOOLS), request.feedback)
         for attempt in range(self.settings.max_attempts):
-            attempts = attempt + 1
-            want = request.n - len(plans)
-            gen_request = GenerationRequest(
-                messages=build_messages(request.question, tools, feedback, fmt),
-                json_schema=schema if spec.constrained else None,
-                n=want,
-                # Repeated samples: sample a little hotter to get distinct plans.
-                temperature=min(temperature + 0.2 * duplicates, 1.5) if duplicates else temperature,
-                top_p=self.settings.top_p,
-                max_tokens=self.settings.max_tokens,
-                seed=self.settings.seed + attempt,
-                first_sample=request.offset,
-                stop=list(DRAFT_STOP) if fmt == "draft" else [],
-                question=request.question,
-                metadata={"attempt": attempt},
-            )
-            with PLAN_LATENCY.time():
-                generation = await self.backend.generate(gen_request)
-            usage += generation.cost()
-            candidates: list[Plan | str | PlanInvalid] = list(generation.texts)
-            if fmt == "draft":
-                candidates, cost = await self._read_drafts(
-                    gen_request, generation.texts, tools, feedback, names
-                )
-                usage += cost
+            job.attempts = attempt + 1
+            candidates = await self._generate_candidates(job, attempt)
             for candidate in candidates:
-                try:
-                    if isinstance(candidate, PlanInvalid):
-                        raise candidate
-                    plan = (
-                        candidate if isinstance(candidate, Plan) else parse_plan(candidate, names)
-                    )
-                except PlanInvalid as exc:
-                    PLANS.labels("invalid").inc()
-                    errors.append(exc.message)
-                    log.warning(
-                        "invalid plan from model",
-                        attempt=attempt,
-                        **{"error.type": "plan_invalid", "error.message": exc.message},
-                    )
-                    continue
-                try:
-                    check_python_steps(plan)
-                except PlanInvalid as exc:
-                    # A valid plan that will likely not answer: ask again, but keep it in
-                    # case no attempt does better.
-                    PLANS.labels("weak").inc()
-                    errors.append(exc.message)
-                    weak.append(plan)
-                    log.warning(
-                        "weak plan from model",
-                        attempt=attempt,
-                        **{"error.type": "plan_weak", "error.message": exc.message},
-                    )
-                    continue
-                key = plan.model_dump_json()
-                if key in seen and request.distinct:
-                    duplicates += 1
-                    continue  # n > 1 asks for distinct plans: ask again for the rest
-                seen.add(key)
-                plans.append(plan)
-                PLANS.labels("valid").inc()
-            if len(plans) >= request.n:
+                self._take(job, candidate, attempt)
+            if len(job.plans) >= request.n:
                 break
-            if errors:
-                feedback = _feedback(request.feedback, errors[-1])
-        for plan in weak:  # valid plans that failed only the python check, as a last resort
-            key = plan.model_dump_json()
-            if len(plans) < request.n and key not in seen:
-                seen.add(key)
-                plans.append(plan)
-        if 0 < len(plans) < request.n:
-            log.warning(
-                "fewer distinct plans than requested",
-                requested=request.n,
-                distinct=len(plans),
-                duplicates=duplicates,
-            )
-        # The request's log line: what its generations cost, summed over attempts.
-        log.info(
-            "plans generated" if plans else "no valid plan",
-            requested=request.n,
-            plans=len(plans),
-            attempts=attempts,
-            **{"event.duration": int((time.perf_counter() - started) * 1e9)},
-            **usage.log_fields(),
-        )
-        if not plans:
+            if job.errors:
+                job.feedback = _feedback(request.feedback, job.errors[-1])
+        job.fill_with_weak()
+        self._log_outcome(job, started)
+        if not job.plans:
             raise PlanningFailed(
                 f"no valid plan after {self.settings.max_attempts} attempts; "
-                f"last error: {errors[-1] if errors else 'none'}"
+                f"last error: {job.errors[-1] if job.errors else 'none'}"
             )
         return PlanResponse(
-            plans=plans[: request.n],
+            plans=job.plans[: request.n],
             model=self.backend.model,
             backend=self.backend.name,
             latency_ms=(time.perf_counter() - started) * 1000,
+        )
+
+    def _temperature(self, request: PlanRequest) -> float:
+        """The request's temperature, or the planner's; never greedy when more than one
+        sample of the question is asked for (distinct samples need sampling, and so do
+        later samples of the same question)."""
+        temperature = (
+            request.temperature if request.temperature is not None else self.settings.temperature
+        )
+        if request.n + request.offset > 1 and temperature == 0:
+            temperature = self.settings.temperature or 0.3
+        return temperature
+
+    async def _generate_candidates(
+        self, job: _PlanJob, attempt: int
+    ) -> list[Plan | str | PlanInvalid]:
+        """One generation of the plans still wanted: model texts, or, in the draft format,
+        the plans its drafts state (`_read_drafts`)."""
+        fmt = self.settings.plan_format
+        spec = FORMATS[fmt]
+        base = self._temperature(job.request)
+        gen_request = GenerationRequest(
+            messages=build_messages(job.request.question, job.tools, job.feedback, fmt),
+            json_schema=plan_json_schema(job.names, reasoning_chars=spec.reasoning_chars)
+            if spec.constrained
+            else None,
+            n=job.request.n - len(job.plans),
+            # Repeated samples: sample a little hotter to get distinct plans.
+            temperature=min(base + 0.2 * job.duplicates, 1.5) if job.duplicates else base,
+            top_p=self.settings.top_p,
+            max_tokens=self.settings.max_tokens,
+            seed=self.settings.seed + attempt,
+            first_sample=job.request.offset,
+            stop=list(DRAFT_STOP) if fmt == "draft" else [],
+            question=job.request.question,
+            metadata={"attempt": attempt},
+        )
+        with PLAN_LATENCY.time():
+            generation = await self.backend.generate(gen_request)
+        job.usage += generation.cost()
+        if fmt != "draft":
+            return list(generation.texts)
+        candidates, cost = await self._read_drafts(
+            gen_request, generation.texts, job.tools, job.feedback, job.names
+        )
+        job.usage += cost
+        return candidates
+
+    def _take(self, job: _PlanJob, candidate: Plan | str | PlanInvalid, attempt: int) -> None:
+        """Keep a candidate that is a valid plan (new, when distinct plans are asked for);
+        one whose python steps cannot answer is kept aside as weak."""
+        try:
+            if isinstance(candidate, PlanInvalid):
+                raise candidate
+            plan = candidate if isinstance(candidate, Plan) else parse_plan(candidate, job.names)
+        except PlanInvalid as exc:
+            PLANS.labels("invalid").inc()
+            job.errors.append(exc.message)
+            log.warning(
+                "invalid plan from model",
+                **{
+                    "event.action": "planner.plan",
+                    "planner.attempt": attempt,
+                    "error.type": "plan_invalid",
+                    "error.message": exc.message,
+                },
+            )
+            return
+        try:
+            check_python_steps(plan)
+        except PlanInvalid as exc:
+            # A valid plan that will likely not answer: ask again, but keep it in case no
+            # attempt does better.
+            PLANS.labels("weak").inc()
+            job.errors.append(exc.message)
+            job.weak.append(plan)
+            log.warning(
+                "weak plan from model",
+                **{
+                    "event.action": "planner.plan",
+                    "planner.attempt": attempt,
+                    "error.type": "plan_weak",
+                    "error.message": exc.message,
+                },
+            )
+            return
+        key = plan.model_dump_json()
+        if key in job.seen and job.request.distinct:
+            job.duplicates += 1  # n > 1 asks for distinct plans: ask again for the rest
+            return
+        job.seen.add(key)
+        job.plans.append(plan)
+        PLANS.labels("valid").inc()
+
+    def _log_outcome(self, job: _PlanJob, started: float) -> None:
+        """The request's log line: what its generations cost, summed over attempts."""
+        if 0 < len(job.plans) < job.request.n:
+            log.warning(
+                "fewer distinct plans than requested",
+                **{
+                    "event.action": "planner.plan",
+                    "planner.requested": job.request.n,
+                    "planner.distinct": len(job.plans),
+                    "planner.duplicates": job.duplicates,
+                },
+            )
+        log.info(
+            "plans generated" if job.plans else "no valid plan",
+            **{
+                "event.action": "planner.plan",
+                "event.outcome": "success" if job.plans else "failure",
+                "planner.requested": job.request.n,
+                "planner.plans": len(job.plans),
+                "planner.attempts": job.attempts,
+                "event.duration": int((time.perf_counter() - started) * 1e9),
+            },
+            **job.usage.log_fields(),
         )
 
     async def solve(self, request: SolveRequest) -> SolveResponse:
@@ -287,9 +339,12 @@ class PlannerService(ModelHost):
                 solutions.append(Solution(text=text[:SOLUTION_TEXT_CHARS], answer=answer))
         log.info(
             "solutions generated",
-            requested=request.n,
-            answered=sum(s.answer is not None for s in solutions),
-            **{"event.duration": int((time.perf_counter() - started) * 1e9)},
+            **{
+                "event.action": "planner.solve",
+                "planner.requested": request.n,
+                "planner.answered": sum(s.answer is not None for s in solutions),
+                "event.duration": int((time.perf_counter() - started) * 1e9),
+            },
             **usage.log_fields(),
         )
         return SolveResponse(
@@ -312,8 +367,9 @@ def check_python_steps(plan: Plan) -> None:
     returned rather than failing the request.
 
     The code is only parsed here, never run (the orchestrator's sandbox runs it). A step
-    must be valid Python, and the answer step must end with an expression or assign
-    `result`, otherwise the sandbox would return nothing.
+    must be valid Python, and the answer step must give a value by the python tool's rule
+    (`services.toolspecs.python_gives_answer`: end with an expression or set `result`),
+    otherwise the sandbox would return nothing.
     """
     for step in plan.steps:
         if step.tool != "python":
@@ -328,13 +384,7 @@ def check_python_steps(plan: Plan) -> None:
             raise PlanInvalid(f"python step {step.id} cannot be parsed") from None
         if step.id != plan.answer_step or not tree.body:
             continue
-        last = tree.body[-1]
-        assigns_result = any(
-            isinstance(node, ast.Name) and node.id == "result" and isinstance(node.ctx, ast.Store)
-            for stmt in tree.body
-            for node in ast.walk(stmt)
-        )
-        if not isinstance(last, ast.Expr) and not assigns_result:
+        if not python_gives_answer(tree):
             raise PlanInvalid(
                 f"python step {step.id} is the answer step but gives no value: "
                 "end its code with `result = <final answer>`"

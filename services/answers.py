@@ -1,5 +1,16 @@
-"""The final answer of a free-text solution: the last number in it.
+"""What number an answer is, and where the answer of a free-text solution is.
 
+`answer_number` is the one reading of an answer as a number: the whole answer text (an
+executed plan's output, a solution's answer) read exactly by the bounded
+`services.arith.parse_number`, after surrounding whitespace, double quotes and a final
+full stop are removed (`72`, `72.0`, `"72"`, `72.`, `$72`, `1,234`, `3/4`, `15%`). It is
+never `Fraction()` or `Decimal()` of model output, which spends seconds on an answer such
+as `1e30000000`. `answer_key` makes votes of it: answers that mean the same number vote
+together (the orchestrator's vote, which answers it verifies, and `evals.votes`); the
+verifier's symbolic checks read step outputs with `answer_number`, and the evaluation
+reads the number it found with it (`evals.extract`).
+
+`last_number` finds the final answer of a free-text solution: the last number in it.
 One rule for the service and its evaluation: the planner's chain-of-thought solutions
 (`POST /solve`) carry the answer this rule reads, and `evals/extract.py` scores every
 mode's answer text with it (the rule is pinned there; changing it changes every published
@@ -11,14 +22,16 @@ and an optional exponent (`1e-05`), or a bare decimal part (`.5`). Commas inside
 are removed; a comma between numbers that is not a thousands separator ends the number
 (`3,4` is two numbers). A number glued to a preceding letter (`s1`, `x2`) does not count.
 
-The text is model output: the number comes back as text, never converted here (an
-exponent such as `1e999999999` is cheap as text and ruinous as an integer); readers
-convert it with a bounded parser (`services.arith.parse_number`).
+`last_number` returns the number as text; `answer_number` converts it.
 """
 
 from __future__ import annotations
 
 import re
+import unicodedata
+from fractions import Fraction
+
+from services.arith import parse_number
 
 NUMBER_RE = re.compile(
     r"(?<![\w.])-?(?:(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d+)?|\.\d+)(?:[eE][-+]?\d+)?"
@@ -36,3 +49,28 @@ def last_number(text: str | None) -> str | None:
         return None
     found = numbers(text)
     return found[-1].replace(",", "") if found else None
+
+
+def normalize_text(text: str) -> str:
+    """Case, Unicode form and whitespace do not change what a text says."""
+    return " ".join(unicodedata.normalize("NFKC", text).casefold().split())
+
+
+def _bare(answer: str) -> str:
+    return answer.strip().strip('"').rstrip(".")
+
+
+def answer_number(answer: str | None) -> Fraction | None:
+    """The number `answer` is, exactly, or None when it is not one number (rule above)."""
+    if answer is None:
+        return None
+    return parse_number(_bare(answer))
+
+
+def answer_key(answer: str | None) -> str | None:
+    """Answers that mean the same number vote together ('72', '72.0', '1,234', '$72');
+    other answers vote by their normalized text ('Paris', ' paris ')."""
+    if answer is None:
+        return None
+    value = answer_number(answer)
+    return str(value) if value is not None else normalize_text(_bare(answer))

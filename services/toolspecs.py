@@ -9,20 +9,49 @@ orchestrator actually has).
 
 from __future__ import annotations
 
+import ast
+
 from services.schemas import ToolSpec
+
+# What a python step answers. The sandbox worker applies it (`orchestrator/sandbox/
+# _worker.py`, which runs in a clean interpreter and cannot import this module: its copy
+# of `python_sets_result` is tied to this one by tests/orchestrator/sandbox/
+# test_answer_rule.py), the python tool falls back to the printed text, and the planner
+# refuses an answer step that `python_gives_answer` says gives nothing.
+PYTHON_ANSWER_RULE = (
+    "The step's result is the value of the program's last line when that line is an "
+    "expression whose value is not None; otherwise the value of a variable named result "
+    "that the program sets; otherwise what the program printed."
+)
 
 PYTHON = ToolSpec(
     name="python",
     description=(
-        "Run a short Python program in a sandbox and return the value of its last "
-        "expression (or of a variable named result). Results of earlier steps are "
-        "variables named by their step ids (s1, s2, ...). Only math, fractions, decimal, "
-        "statistics, itertools, functools, re and datetime may be imported; no files, "
-        "network or dunder attributes."
+        "Run a short Python program in a sandbox. "
+        + PYTHON_ANSWER_RULE
+        + " Results of earlier steps are variables named by their step ids (s1, s2, ...). "
+        "Only math, fractions, decimal, statistics, itertools, functools, re and datetime "
+        "may be imported; no files, network or dunder attributes."
     ),
     input_format="Python source code; the last line is an expression giving the answer",
     example="apples = 23 - 20\napples + 6",
 )
+
+
+def python_sets_result(tree: ast.Module) -> bool:
+    """Whether the program assigns a variable named `result` (at run time only a value
+    the program's own namespace ends up holding counts, not a function's local)."""
+    return any(
+        isinstance(node, ast.Name) and node.id == "result" and isinstance(node.ctx, ast.Store)
+        for node in ast.walk(tree)
+    )
+
+
+def python_gives_answer(tree: ast.Module) -> bool:
+    """Whether `PYTHON_ANSWER_RULE` can give the program a result other than its printed
+    text: it ends with an expression, or it sets `result`."""
+    return bool(tree.body) and (isinstance(tree.body[-1], ast.Expr) or python_sets_result(tree))
+
 
 CALC = ToolSpec(
     name="calc",

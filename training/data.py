@@ -6,7 +6,8 @@ Kinds of claims (each record has `question`, `context`, `statement`, `label`, `k
   (off by one, off by ten, the result of another operation, swapped digits);
 - GSM8K train items: the question with "The answer is <gold>." as TRUE and plausible
   wrong answers as FALSE (off by one, one operation swapped, an intermediate value), with
-  the worked steps as context in the orchestrator's format (`s1 [calc] 48/2 -> 24`);
+  the worked steps as context, written by `services.claims` exactly as the orchestrator
+  writes an executed plan's claim (`s1 [calc] '48/2' -> '24'`);
 - logic traps where the premise decides: the same claim is TRUE under one context and
   FALSE under another (affirming the consequent, "some" vs "all", reversed order).
 
@@ -31,7 +32,10 @@ from fractions import Fraction
 from pathlib import Path
 from typing import Any
 
-DEFAULT_DATASETS = Path(__file__).resolve().parents[1].parent / "shared" / "datasets"
+from evals import datasets as shipped
+from services import claims
+
+DEFAULT_DATASETS = shipped.ROOT
 
 
 @dataclass
@@ -403,21 +407,34 @@ def gsm8k_steps(solution: str) -> list[tuple[str, Fraction]]:
     return steps
 
 
+def plan_steps(steps: list[tuple[str, Fraction]]) -> list[claims.Step]:
+    """Calculator steps as a plan's executed steps `s1, s2, ...`, the last one answering."""
+    return [
+        claims.Step(id=f"s{k}", tool="calc", input=expr, output=fmt(value))
+        for k, (expr, value) in enumerate(steps, 1)
+    ]
+
+
 def render_context(steps: list[tuple[str, Fraction]], reasoning: str = "") -> str:
-    """Steps in the orchestrator's context format (see verifier/symbolic.py):
+    """Steps as the context of an executed plan's claim (`services.claims`):
 
     Plan: <reasoning>
     Steps:
     s1 [calc] '48/2' -> '24'
     answer_step: s1
     """
-    lines = [f"Plan: {reasoning}", "Steps:"]
-    lines += [f"s{k} [calc] {expr!r} -> {fmt(value)!r}" for k, (expr, value) in enumerate(steps, 1)]
-    lines.append(f"answer_step: s{len(steps)}")
-    return "\n".join(lines)
+    return claims.plan_context(reasoning, plan_steps(steps), f"s{len(steps)}")
 
 
-def _reasoning(solution: str) -> str:
+def gsm8k_claim(
+    kind: str, question: str, answer: Fraction, label: bool, context: str = ""
+) -> Claim:
+    """A claim about a GSM8K question's answer, written as the orchestrator writes one."""
+    claim = claims.answer_claim(question, fmt(answer), context)
+    return _claim(kind, claim["statement"], label, claim["question"], claim["context"])
+
+
+def solution_reasoning(solution: str) -> str:
     """The first sentence of a worked solution, without its calculator annotations."""
     first = _ANNOTATION.sub("", solution.split("\n", 1)[0])
     return first.split(". ")[0][:160].strip()
@@ -436,15 +453,15 @@ def gen_gsm8k(rng: random.Random, item: dict[str, Any]) -> list[Claim]:
     """One TRUE claim (the gold answer) and one FALSE claim (a plausible wrong answer)."""
     question, gold = item["question"], Fraction(item["answer"])
     steps = gsm8k_steps(item.get("solution", ""))
-    why = _reasoning(item.get("solution", ""))
+    why = solution_reasoning(item.get("solution", ""))
     consistent = bool(steps) and steps[-1][1] == gold
     with_context = consistent and rng.random() < 0.6
-    claims = [
-        _claim(
+    made = [
+        gsm8k_claim(
             "gsm8k_gold",
-            f"The answer is {fmt(gold)}.",
+            question,
+            gold,
             True,
-            question=question,
             context=render_context(steps, why) if with_context else "",
         )
     ]
@@ -475,10 +492,8 @@ def gen_gsm8k(rng: random.Random, item: dict[str, Any]) -> list[Claim]:
                 ctx = render_context(steps[: k + 1], why)
                 wrongs += [("gsm8k_intermediate", value, ctx), ("gsm8k_intermediate", value, "")]
     kind, value, ctx = rng.choice(wrongs)
-    claims.append(
-        _claim(kind, f"The answer is {fmt(value)}.", False, question=question, context=ctx)
-    )
-    return claims
+    made.append(gsm8k_claim(kind, question, value, False, context=ctx))
+    return made
 
 
 # --------------------------------------------------------------------------- assembly
@@ -531,9 +546,7 @@ def generate(recipe: Recipe) -> dict[str, list[Claim]]:
     rng = random.Random(recipe.seed)
     datasets = Path(recipe.datasets_dir)
     assert recipe.mix is not None
-    gsm_train = (
-        read_jsonl(datasets / "gsm8k" / "train.norm.jsonl") if recipe.mix.get("gsm8k") else []
-    )
+    gsm_train = read_jsonl(shipped.path("gsm8k-train", datasets)) if recipe.mix.get("gsm8k") else []
     rng.shuffle(gsm_train)
     cut1, cut2 = int(len(gsm_train) * 0.8), int(len(gsm_train) * 0.9)
     splits = {
@@ -542,7 +555,7 @@ def generate(recipe: Recipe) -> dict[str, list[Claim]]:
         "test": _split(rng, recipe.n_test, recipe.mix, gsm_train[cut2:]),
     }
     if recipe.n_gsm8k_test:
-        gsm_test = read_jsonl(datasets / "gsm8k" / "test.norm.jsonl")
+        gsm_test = read_jsonl(shipped.path("gsm8k-test", datasets))
         splits["gsm8k_test"] = _split(rng, recipe.n_gsm8k_test, {"gsm8k": 1.0}, gsm_test)
     for rows in splits.values():
         for k, row in enumerate(rows):

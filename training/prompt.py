@@ -1,7 +1,8 @@
-"""The verifier prompt: how a claim becomes the text whose next token is TRUE or FALSE.
+"""The verifier prompt's answer tokens, and the prompt format saved beside the adapter.
 
-The format is data: `train_lora.py` writes it to `prompt.json` beside the adapter and
-the serving side renders claims from that file, so the two cannot drift apart.
+The format and its rendering are `services.claims.PROMPT_FORMAT` / `render_prompt`, which
+the verifier serves with too: `train_lora.py` writes the format to `prompt.json` beside
+the adapter and the verifier renders claims from that file with the same function.
 """
 
 from __future__ import annotations
@@ -10,32 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-PROMPT_FORMAT: dict[str, Any] = {
-    "version": 1,
-    "header": "Is the claim TRUE or FALSE given the question and context?\n",
-    "question_block": "Question: {question}\n",
-    "context_block": "Context:\n{context}\n",
-    "claim_block": "Claim: {statement}\nVerdict:",
-    # The two answers compared at the last position; only their first tokens count.
-    "true_text": " TRUE",
-    "false_text": " FALSE",
-}
-
-
-def render(
-    statement: str,
-    context: str = "",
-    question: str | None = None,
-    fmt: dict[str, Any] = PROMPT_FORMAT,
-) -> str:
-    """The prompt for one claim (no trailing space: the answer token carries it)."""
-    parts = [fmt["header"]]
-    if question and question.strip():
-        parts.append(fmt["question_block"].format(question=question.strip()))
-    if context and context.strip():
-        parts.append(fmt["context_block"].format(context=context.strip()))
-    parts.append(fmt["claim_block"].format(statement=statement.strip()))
-    return "".join(parts)
+from services.claims import PROMPT_FORMAT as PROMPT_FORMAT
 
 
 def answer_token_ids(tokenizer: Any, fmt: dict[str, Any] = PROMPT_FORMAT) -> tuple[int, int]:

@@ -15,7 +15,8 @@ from typing import Any
 
 import torch
 
-from training.prompt import PROMPT_FORMAT, answer_token_ids, render
+from services.claims import PROMPT_FORMAT, render_prompt
+from training.prompt import answer_token_ids
 
 
 def set_threads(threads: int) -> None:
@@ -55,7 +56,7 @@ def prompt_format(adapter_dir: str | Path | None) -> dict[str, Any]:
 
 
 def claim_prompt(row: dict[str, Any], fmt: dict[str, Any] = PROMPT_FORMAT) -> str:
-    return render(row["statement"], row.get("context") or "", row.get("question"), fmt)
+    return render_prompt(row["statement"], row.get("context") or "", row.get("question"), fmt)
 
 
 def logit_diff(

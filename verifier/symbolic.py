@@ -11,8 +11,8 @@ What it decides:
   `services.arith`, both sides of a unit claim converted to a base unit);
 - comparisons: `3/4 > 0.7`, "0.5 is less than 0.45.", "2 km is longer than 1500 m.";
 - a proposed answer against the computation that produced it, given as context in the
-  orchestrator's step format, one step per line, optionally followed by `answer_step: sN`
-  (otherwise the last step is the answer step):
+  step form of `services.claims` (read with its `parse_steps`), one step per line,
+  optionally followed by `answer_step: sN` (otherwise the last step is the answer step):
 
       s1 [calc] 17*23+4 -> 395
       s2 [python] s1 * 2 -> 790
@@ -33,7 +33,6 @@ is the exact value rounded or truncated to those decimals (`2/3 = 0.67`). "About
 
 from __future__ import annotations
 
-import ast
 import math
 import operator
 import re
@@ -41,7 +40,9 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from fractions import Fraction
 
+from services.answers import answer_number
 from services.arith import ArithError, evaluate, numbers_close, parse_number
+from services.claims import Step, parse_steps
 
 MAX_STATEMENT_CHARS = 500
 TRUE_CONFIDENCE = 0.999
@@ -431,69 +432,11 @@ def _check_statement(statement: str) -> SymbolicResult | None:
 
 # --------------------------------------------------------------------------- context
 
-_STEP_RE = re.compile(
-    r"^(?P<id>s\d{1,2})\s*\[(?P<tool>[a-z][a-z0-9_]*)\]\s*"
-    r"(?P<input>'(?:[^'\\]|\\.)*'|\"(?:[^\"\\]|\\.)*\"|.*?)\s*->\s*(?P<output>.*)$"
-)
-_ANSWER_STEP_RE = re.compile(r"^answer_step:\s*(?P<id>s\d{1,2})\s*$")
 _STEP_NAME_RE = re.compile(r"\bs\d{1,2}\b")
 _PYTHON_UNSAFE = ("^", "**", "//", "%", "=", ";", "\n", "import")
 
 
-@dataclass(frozen=True)
-class _Step:
-    id: str
-    tool: str
-    input: str
-    output: str
-
-
-def _unquote(text: str) -> str | None:
-    """A step field as sent: bare, or quoted as a Python string literal (`'17*23'`)."""
-    text = text.strip()
-    if text[:1] in ("'", '"'):
-        try:
-            value = ast.literal_eval(text)
-        except (ValueError, SyntaxError, MemoryError, RecursionError):
-            return None
-        return value if isinstance(value, str) else None
-    return text
-
-
-def parse_steps(context: str) -> tuple[list[_Step], str] | None:
-    """Steps in the orchestrator's format and the answer step id, or None if not that format.
-
-    Lines before a `Steps:` line (the plan's free-text reasoning) are skipped; after it
-    (or from the start when there is none) every line is a step or `answer_step: sN`.
-    """
-    lines = [line.strip() for line in context.strip().splitlines()]
-    if "steps:" in (line.lower() for line in lines):
-        lines = lines[[line.lower() for line in lines].index("steps:") + 1 :]
-    steps: list[_Step] = []
-    answer_step = None
-    for line in lines:
-        if not line:
-            continue
-        m = _ANSWER_STEP_RE.match(line)
-        if m:
-            answer_step = m["id"]
-            continue
-        m = _STEP_RE.match(line)
-        if not m:
-            return None
-        step_input, output = _unquote(m["input"]), _unquote(m["output"])
-        if step_input is None or output is None:
-            return None
-        steps.append(_Step(m["id"], m["tool"], step_input, output))
-    if not steps:
-        return None
-    ids = [s.id for s in steps]
-    if len(set(ids)) != len(ids) or (answer_step is not None and answer_step not in ids):
-        return None
-    return steps, answer_step or steps[-1].id
-
-
-def _recompute(step: _Step, values: dict[str, Fraction]) -> Fraction | float | None:
+def _recompute(step: Step, values: dict[str, Fraction]) -> Fraction | float | None:
     """The step's output recomputed from its input, when the input is plain arithmetic."""
     if step.tool not in ("calc", "python"):
         return None
@@ -513,7 +456,7 @@ def _recompute(step: _Step, values: dict[str, Fraction]) -> Fraction | float | N
         return None
 
 
-def _check_with_steps(statement: str, steps: list[_Step], answer_id: str) -> SymbolicResult | None:
+def _check_with_steps(statement: str, steps: list[Step], answer_id: str) -> SymbolicResult | None:
     m = _ANSWER_RE.fullmatch(_normalise(statement))
     if not m:
         return None
@@ -524,7 +467,7 @@ def _check_with_steps(statement: str, steps: list[_Step], answer_id: str) -> Sym
     values: dict[str, Fraction] = {}
     wrong: dict[str, str] = {}
     for step in steps:
-        output = parse_number(step.output.strip())
+        output = answer_number(step.output)  # read as the vote reads an answer
         if output is None:
             continue
         recomputed = _recompute(step, values)
@@ -583,7 +526,7 @@ def _answer_number(text: str) -> tuple[Fraction, str | None] | None:
         text,
     )
     if not m:
-        value = parse_number(text)  # e.g. `0.3333333333 (1/3)`
+        value = answer_number(text)  # e.g. `0.3333333333 (1/3)`
         return None if value is None else (value, None)
     words = (m["words"] or "").split()
     if words and (

@@ -402,6 +402,15 @@ def _to_jsonable(value, max_chars: int, depth: int = 0):
     return text
 
 
+def python_sets_result(tree: ast.Module) -> bool:
+    """Whether the program assigns a variable named `result` (at run time only a value
+    the program's own namespace ends up holding counts, not a function's local)."""
+    return any(
+        isinstance(node, ast.Name) and node.id == "result" and isinstance(node.ctx, ast.Store)
+        for node in ast.walk(tree)
+    )
+
+
 def _child_main(job: dict, write_fd: int, layers: dict) -> None:
     """Run one job in the forked child. Never returns: leaves through os._exit."""
     exit_ = os._exit
@@ -452,18 +461,17 @@ def _child_main(job: dict, write_fd: int, layers: dict) -> None:
     status, result, error, category = "ok", None, None, None
     try:
         tree = ast.parse(job["code"], mode="exec")
+        # services.toolspecs.PYTHON_ANSWER_RULE: the last line's value when it is an
+        # expression that is not None, else the variable `result` the program set
+        sets_result = python_sets_result(tree)
         tail = None
         if tree.body and isinstance(tree.body[-1], ast.Expr):
             tail = ast.Expression(tree.body.pop().value)
-        assigns_result = any(
-            isinstance(node, ast.Name) and node.id == "result" and isinstance(node.ctx, ast.Store)
-            for node in ast.walk(tree)
-        )
         exec(compile(tree, "<sandbox>", "exec"), namespace)
         if tail is not None:
             ast.fix_missing_locations(tail)
             result = eval(compile(tail, "<sandbox>", "eval"), namespace)
-        if assigns_result and "result" in namespace:
+        if result is None and sets_result and "result" in namespace:
             result = namespace["result"]
         result = _to_jsonable(result, max_chars)
         # The one measure of a result, here, in the worker and in the service: the

@@ -1,5 +1,8 @@
 from __future__ import annotations
 
+import json
+from pathlib import Path
+
 import pytest
 
 from evals.extract import extract_number, is_correct
@@ -82,3 +85,24 @@ def test_an_absurd_exponent_is_no_answer_and_costs_nothing() -> None:
     assert extract_number("The answer is 1e999999999.") is None
     assert extract_number("The answer is 2e400.") == 2 * 10**400
     assert time.monotonic() - started < 0.5
+
+
+RECORDED = sorted((Path(__file__).resolve().parents[2] / "docs" / "eval").glob("**/*.jsonl"))
+
+
+def test_every_recorded_answer_scores_as_it_was_recorded() -> None:
+    """The published figures stand: each recorded answer text extracts to the recorded
+    prediction and is scored as recorded."""
+    checked = 0
+    for path in RECORDED:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            record = json.loads(line) if line.strip() else {}
+            if "answer_text" not in record:
+                continue
+            predicted = extract_number(record["answer_text"])
+            where = f"{path.name} {record['id']}"
+            assert predicted == record["predicted"], where
+            assert type(predicted) is type(record["predicted"]), where
+            assert is_correct(predicted, record["gold"]) is record["correct"], where
+            checked += 1
+    assert checked > 1000  # the recorded runs are there

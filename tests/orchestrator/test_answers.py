@@ -1,5 +1,6 @@
-"""Answers are tool output: they vote by the number they mean, read by the bounded parser,
-so an output such as `1e30000000` cannot hold the event loop."""
+"""Answers are tool output: through `/reason` a huge numeric output cannot hold the event
+loop, a long one is cut in the votes but served whole, and a huge step output cannot push
+the rest of the work out of the claim."""
 
 from __future__ import annotations
 
@@ -8,34 +9,7 @@ import time
 import httpx
 import pytest
 
-from orchestrator.service import answer_key
 from tests.orchestrator.helpers import FakePlanner, FakeVerifier, orchestrator_stack, plan
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize(
-    "same", [["72", "72.0", "72.00", " 72 ", '"72"', "72."], ["1,234", "1234"], ["$5", "5"]]
-)
-def test_answers_meaning_the_same_number_vote_together(same: list[str]) -> None:
-    assert len({answer_key(a) for a in same}) == 1
-
-
-@pytest.mark.unit
-def test_other_answers_keep_apart_and_text_is_normalized() -> None:
-    assert answer_key("72") != answer_key("73")
-    assert answer_key("1,2") != answer_key("12")
-    assert answer_key(" Paris ") == answer_key("paris")
-    assert answer_key(None) is None
-
-
-@pytest.mark.unit
-@pytest.mark.parametrize("answer", ["1e3000000", "-1e3000000", "1e-3000000", "9" * 20_000])
-def test_a_huge_number_is_keyed_fast(answer: str) -> None:
-    # CPU time, so a busy machine cannot fail it; Fraction("1e3000000") alone takes ~1 s
-    start = time.process_time()
-    key = answer_key(answer)
-    assert time.process_time() - start < 0.25
-    assert key == answer_key(answer) and key != answer_key("1")
 
 
 @pytest.mark.integration

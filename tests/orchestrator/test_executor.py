@@ -75,7 +75,7 @@ async def test_independent_steps_run_in_parallel_and_values_flow_by_id() -> None
     result = await PlanExecutor(registry()).run(plan(steps, "s9"), deadline=deadline(5))
     elapsed = time.perf_counter() - started
     assert elapsed < 0.2 * 1.5  # 8 sleeps of 0.2 s in parallel, not 1.6 s in sequence
-    assert result.answer_value == pytest.approx(8 * 0.2 + 1)
+    assert result.values["s9"] == pytest.approx(8 * 0.2 + 1)
     assert [s.status for s in result.steps] == ["ok"] * 9
     assert result.complete
 
@@ -123,11 +123,12 @@ async def test_failures_are_recorded_and_dependents_skipped() -> None:
 
 
 async def test_tool_timeout_marks_step_timeout() -> None:
+    started = time.perf_counter()
     result = await PlanExecutor(registry()).run(
         plan([("s1", "hang", "x", [])], "s1"), deadline=deadline(5)
     )
     assert result.steps[0].status == "timeout"
-    assert result.elapsed_ms < 1000
+    assert time.perf_counter() - started < 1
 
 
 async def test_deadline_cuts_running_and_waiting_steps() -> None:

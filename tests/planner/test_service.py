@@ -10,6 +10,7 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
+from evals.datasets import GSM8K_TEST, GSM8K_TRAIN
 from planner.app import create_app
 from planner.backends.base import Generation, GenerationRequest
 from planner.backends.scripted import ScriptedBackend
@@ -22,9 +23,6 @@ from services.settings import PlannerSettings
 from services.toolspecs import DEFAULT_TOOLS, tool_names
 
 pytestmark = pytest.mark.unit
-
-REPO = Path(__file__).resolve().parents[2]
-GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k"
 
 
 def plan(code: str = "result = 1 + 1", tool: str = "python", **extra: Any) -> dict[str, Any]:
@@ -290,16 +288,11 @@ def test_custom_tool_reaches_prompt_and_schema() -> None:
 def test_few_shot_examples_are_valid_plans_from_gsm8k_train() -> None:
     examples = few_shot()
     assert len(examples) >= 3
-    train = GSM8K / "train.jsonl"
-    if not train.exists():
-        pytest.skip("GSM8K is not at ../shared/datasets")
     train_questions = {
-        json.loads(line)["question"] for line in train.read_text().split("\n") if line
+        json.loads(line)["question"] for line in GSM8K_TRAIN.read_text().split("\n") if line
     }
     test_questions = {
-        json.loads(line)["question"]
-        for line in (GSM8K / "test.jsonl").read_text().split("\n")
-        if line
+        json.loads(line)["question"] for line in GSM8K_TEST.read_text().split("\n") if line
     }
     for example in examples:
         check_plan(Plan.model_validate(example["plan"]), tool_names())
@@ -333,7 +326,8 @@ async def test_the_request_log_line_carries_what_its_generations_cost() -> None:
     with capture_logs() as logs:
         await service.plan(PlanRequest(question="What is 1 + 1?"))
     [line] = [e for e in logs if e["event"] == "plans generated"]
-    assert line["attempts"] == 2 and line["plans"] == 1 and line["requested"] == 1
+    assert line["planner.attempts"] == 2 and line["planner.plans"] == 1
+    assert line["planner.requested"] == 1 and line["event.action"] == "planner.plan"
     assert line["gen_ai.usage.input_tokens"] == 200
     assert line["gen_ai.usage.output_tokens"] == 80
     assert line["planner.prefix_cached_tokens"] == 160

@@ -4,18 +4,16 @@ from __future__ import annotations
 
 import random
 from fractions import Fraction
-from pathlib import Path
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from evals.datasets import GSM8K_TEST
 from training import data as gen
 from verifier.symbolic import check
 
 pytestmark = [pytest.mark.unit]
-
-DATASETS = Path(__file__).resolve().parents[3] / "shared" / "datasets"
 
 
 def verdict(statement: str, context: str = "") -> bool | None:
@@ -186,7 +184,7 @@ def test_right_on_every_generated_claim_it_accepts() -> None:
     """Templated claims (random numbers) and GSM8K claims with their worked steps."""
     rng = random.Random(1234)
     rows = [g(rng) for g in gen.GENERATORS.values() for _ in range(400)]
-    gsm = gen.read_jsonl(DATASETS / "gsm8k" / "test.norm.jsonl")[:300]
+    gsm = gen.read_jsonl(GSM8K_TEST)[:300]
     for item in gsm:
         rows += gen.gen_gsm8k(rng, item)
     accepted = wrong = 0

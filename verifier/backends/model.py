@@ -26,6 +26,7 @@ from typing import Any
 
 import structlog
 
+from services.claims import render_prompt
 from services.errors import InvalidRequest
 from services.settings import VerifierSettings
 from verifier.backends.base import Claim
@@ -36,17 +37,6 @@ ADAPTERS_DIR = Path(__file__).resolve().parents[1] / "adapters"
 # Catalog models with an adapter committed in this repository.
 EMBEDDED_ADAPTERS = {"smollm2-135m-instruct": ADAPTERS_DIR / "smollm2-135m-instruct"}
 CPU_THREADS = max(1, min(4, os.cpu_count() or 1))
-
-
-def render(fmt: dict[str, Any], claim: Claim) -> str:
-    """The prompt for a claim, in the format the adapter was trained on (`prompt.json`)."""
-    parts = [fmt["header"]]
-    if claim.question and claim.question.strip():
-        parts.append(fmt["question_block"].format(question=claim.question.strip()))
-    if claim.context and claim.context.strip():
-        parts.append(fmt["context_block"].format(context=claim.context.strip()))
-    parts.append(fmt["claim_block"].format(statement=claim.statement.strip()))
-    return "".join(parts)
 
 
 def sigmoid(z: float) -> float:
@@ -135,11 +125,14 @@ class ModelVerifier:
         self.model = f"{self.settings.base_model}+{adapter.name}"
         log.info(
             "verifier model ready",
-            base=str(base_dir),
-            adapter=str(adapter),
-            device=str(device),
-            temperature=self.temperature,
-            bias=self.bias,
+            **{
+                "event.action": "verifier.load",
+                "labels.base": str(base_dir),
+                "labels.adapter": str(adapter),
+                "labels.device": str(device),
+                "labels.temperature": self.temperature,
+                "labels.bias": self.bias,
+            },
         )
 
     async def load(self) -> None:
@@ -148,7 +141,8 @@ class ModelVerifier:
     # ------------------------------------------------------------------ scoring
 
     def _encode(self, claims: list[Claim]) -> list[str]:
-        prompts = [render(self._fmt, c) for c in claims]
+        # the adapter's format, rendered as training rendered it (services.claims)
+        prompts = [render_prompt(c.statement, c.context, c.question, self._fmt) for c in claims]
         for k, prompt in enumerate(prompts):
             n = len(self._tokenizer(prompt)["input_ids"])
             if n > self.settings.max_input_tokens:

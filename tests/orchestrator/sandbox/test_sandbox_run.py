@@ -42,8 +42,11 @@ async def test_values_are_data_not_source(sandbox: Sandbox) -> None:
 
 
 @pytest.mark.integration
-async def test_result_variable_wins_over_last_expression(sandbox: Sandbox) -> None:
+async def test_last_expression_wins_over_result_variable(sandbox: Sandbox) -> None:
+    # services.toolspecs.PYTHON_ANSWER_RULE (test_answer_rule.py has every case)
     outcome = await sandbox.run("result = 3\nresult * 100", {}, 5.0)
+    assert outcome.result == 300
+    outcome = await sandbox.run("result = 3\nprint(result)", {}, 5.0)
     assert outcome.result == 3
     outcome = await sandbox.run("x = 5\nx * 2", {}, 5.0)
     assert outcome.result == 10
