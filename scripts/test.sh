@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
 # Set up everything on a fresh machine and run the whole test suite.
+# Arguments go to pytest: `scripts/test.sh -m unit` runs the fast unit tier only.
 # Needs PostgreSQL on 127.0.0.1:5432 and Redis on 127.0.0.1:6379 (.ci/run starts them).
 # As root and with no arguments, the security tests then run again as uid 65534
 # (scripts/test_unprivileged.sh); REASON_SKIP_UNPRIVILEGED=1 skips that second run.

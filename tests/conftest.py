@@ -1,4 +1,9 @@
-"""Shared fixtures: free ports, and the three services started the way `reason serve` does."""
+"""Shared fixtures: free ports, and the three services started the way `reason serve` does.
+
+Every test carries its tier, one of the markers `TIERS` (defined in pyproject.toml's
+`[tool.pytest.ini_options] markers`): a test without one, or marked `unit` and also
+`integration` or `model`, fails the session at collection, so `-m unit` selects them all.
+"""
 
 from __future__ import annotations
 
@@ -14,7 +19,6 @@ import pytest
 from cli.main import start_services, stop_services, wait_ready
 
 REPO = Path(__file__).resolve().parents[1]
-DATASETS = REPO.parent / "shared" / "datasets"
 POSTGRES_DSN = os.environ.get("TEST_POSTGRES_DSN", "postgresql://postgres@127.0.0.1:5432/postgres")
 REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 # Tests see the verifier's score as the served confidence (tests/data); the shipped
@@ -22,6 +26,34 @@ REDIS_URL = os.environ.get("TEST_REDIS_URL", "redis://127.0.0.1:6379/0")
 os.environ.setdefault(
     "ORCH_CONFIDENCE_CALIBRATOR", str(REPO / "tests" / "data" / "passthrough-confidence.json")
 )
+
+
+TIERS = ("unit", "integration", "model", "security")
+NOT_UNIT = ("integration", "model")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    registered = {line.split(":", 1)[0].strip() for line in config.getini("markers")}
+    missing = set(TIERS) - registered
+    if missing:
+        raise pytest.UsageError(f"tier markers not registered in pyproject.toml: {missing}")
+
+
+@pytest.hookimpl(tryfirst=True)  # before -m/-k deselect, so every collected test is checked
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    untiered, contradictory = [], []
+    for item in items:
+        marks = {m.name for m in item.iter_markers()}
+        if not marks & set(TIERS):
+            untiered.append(item.nodeid)
+        elif "unit" in marks and marks & set(NOT_UNIT):
+            contradictory.append(item.nodeid)
+    problems = [f"no tier marker ({', '.join(TIERS)}): {n}" for n in untiered]
+    problems += [f"unit and {'/'.join(NOT_UNIT)} at once: {n}" for n in contradictory]
+    if problems:
+        raise pytest.UsageError(
+            "every test carries its tier (tests/conftest.py):\n  " + "\n  ".join(problems)
+        )
 
 
 def free_port() -> int:

@@ -50,8 +50,8 @@ export ORCH_PORT="$port" PLANNER_PORT=$((port + 1)) VERIFIER_PORT=$((port + 2))
 export PLANNER_N_THREADS=1
 "$py" -m cli models pull "$PLANNER_MODEL"
 "$py" -m cli models pull smollm2-135m-instruct
-declare -A files=([gsm8k]=../shared/datasets/gsm8k/test.norm.jsonl
-  [svamp]=../shared/datasets/svamp/svamp.norm.jsonl)
+declare -A files=([gsm8k]=datasets/gsm8k/test.norm.jsonl
+  [svamp]=datasets/svamp/svamp.norm.jsonl)
 datasets=()
 for name in ${EVAL_DATASETS:-gsm8k svamp}; do
   [ -n "${files[$name]:-}" ] || { echo "unknown dataset $name (gsm8k, svamp)" >&2; exit 2; }
@@ -63,7 +63,7 @@ done
   [ "$start" = 0 ] || exit 0
   for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
-    "$py" scripts/eval.py run --data "$data" --mode direct --out "$out/$name-direct.jsonl" \
+    "$py" -m scripts.eval run --data "$data" --mode direct --out "$out/$name-direct.jsonl" \
       --limit "$n" --no-progress
   done
 ) >"$logs/direct.out" 2>&1 &
@@ -79,7 +79,7 @@ for ((done_n = start + batch; done_n <= n; done_n += batch)); do
   for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
     for mode in ${EVAL_MODES:-plan plan+verify plan+verify+sc5 plan+verify+mixed5}; do
-      "$py" scripts/eval.py run --data "$data" --mode "$mode" --out "$out/$name-$mode.jsonl" \
+      "$py" -m scripts.eval run --data "$data" --mode "$mode" --out "$out/$name-$mode.jsonl" \
         --offset "$start" --limit $((done_n - start)) "${pipeline[@]}"
     done
   done

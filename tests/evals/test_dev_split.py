@@ -9,10 +9,11 @@ from pathlib import Path
 
 import pytest
 
+from evals.datasets import GSM8K_TEST, GSM8K_TRAIN
+
 pytestmark = pytest.mark.unit
 
 REPO = Path(__file__).resolve().parents[2]
-GSM8K = REPO.parent / "shared" / "datasets" / "gsm8k"
 SPLIT = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
 
 
@@ -27,16 +28,15 @@ def load_script():
 
 
 def test_the_committed_split_is_the_scripts_output_and_apart_from_test() -> None:
-    if not (GSM8K / "train.norm.jsonl").exists():
-        pytest.skip("GSM8K is not at ../shared/datasets")
     script = load_script()
+    assert script.TRAIN == GSM8K_TRAIN
     assert SPLIT.read_text(encoding="utf-8") == script.render(script.dev_split())
     rows = [json.loads(line) for line in SPLIT.read_text(encoding="utf-8").split("\n") if line]
     assert len(rows) == script.SIZE == len({r["id"] for r in rows})
     assert all(r["id"].startswith("gsm8k-train-") for r in rows)
     test = {
         json.loads(line)["question"]
-        for line in (GSM8K / "test.norm.jsonl").read_text(encoding="utf-8").split("\n")
+        for line in GSM8K_TEST.read_text(encoding="utf-8").split("\n")
         if line
     }
     from planner.prompting import few_shot

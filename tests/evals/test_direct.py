@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from evals.data import Item
+from evals.datasets import GSM8K_TEST, GSM8K_TRAIN
 from evals.modes import (
     DIRECT_MAX_TOKENS,
     DirectRunner,
@@ -16,7 +17,6 @@ from evals.modes import (
 from planner.backends.base import Generation, GenerationRequest
 from planner.prose import parse_prompt, prose_prompt
 from services.settings import PlannerSettings
-from tests.conftest import DATASETS
 
 pytestmark = pytest.mark.unit
 
@@ -45,14 +45,14 @@ def test_prompt_file_has_system_and_train_examples_only() -> None:
     assert "The answer is N." in prompt.system
     assert len(prompt.examples) >= 3
     train = {}
-    with (DATASETS / "gsm8k" / "train.norm.jsonl").open() as f:
+    with GSM8K_TRAIN.open() as f:
         for line in f:
             row = json.loads(line)
             train[row["question"]] = row["answer"]
     for question, answer in prompt.examples:
         assert question in train, "few-shot examples must come from GSM8K train"
         assert answer.rstrip().endswith(f"The answer is {train[question]}.")
-    with (DATASETS / "gsm8k" / "test.norm.jsonl").open() as f:
+    with GSM8K_TEST.open() as f:
         test_questions = {json.loads(line)["question"] for line in f}
     assert not test_questions & {q for q, _ in prompt.examples}
 

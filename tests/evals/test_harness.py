@@ -171,8 +171,9 @@ def test_load_items_offset_limit_and_validation(tmp_path: Path) -> None:
 
 
 def test_dataset_names() -> None:
-    assert dataset_name(Path("../shared/datasets/gsm8k/test.norm.jsonl")) == "gsm8k-test"
-    assert dataset_name(Path("../shared/datasets/svamp/svamp.norm.jsonl")) == "svamp"
+    assert dataset_name(Path("datasets/gsm8k/test.norm.jsonl")) == "gsm8k-test"
+    assert dataset_name(Path("/data/svamp/svamp.norm.jsonl")) == "svamp"
+    assert dataset_name(Path("evals/splits/gsm8k-train-dev.jsonl")) == "gsm8k-train-dev"
 
 
 def test_writer_starts_a_fresh_line_after_a_torn_one(tmp_path: Path) -> None:

@@ -1,5 +1,6 @@
-"""Caches against the real Redis: tool results by tenant, tool and normalized input with
-the tool's TTL; a Redis that is down or slow means no cache, never an error."""
+"""Caches: tool results by tenant, tool and normalized input with the tool's TTL in the
+real Redis; a Redis that is down or slow means no cache, never an error; the in-process
+cache and the keys."""
 
 from __future__ import annotations
 
@@ -15,8 +16,6 @@ from orchestrator.tools.base import ToolContext
 from orchestrator.tools.registry import Tool, ToolRegistry
 from services.schemas import ToolSpec
 from tests.conftest import REDIS_URL, free_port
-
-pytestmark = [pytest.mark.integration]
 
 
 class Counting:
@@ -43,6 +42,7 @@ def registry(cache: Any, ttl_s: float) -> tuple[ToolRegistry, Counting]:
     return reg, fn
 
 
+@pytest.mark.integration
 async def test_tool_results_are_cached_in_redis_per_tenant_with_ttl() -> None:
     cache = RedisCache(REDIS_URL)
     try:
@@ -63,6 +63,7 @@ async def test_tool_results_are_cached_in_redis_per_tenant_with_ttl() -> None:
         await cache.close()
 
 
+@pytest.mark.integration
 async def test_redis_down_means_no_cache_not_an_error() -> None:
     cache = RedisCache(f"redis://127.0.0.1:{free_port()}/0", timeout_s=0.1)
     try:
@@ -78,6 +79,7 @@ async def test_redis_down_means_no_cache_not_an_error() -> None:
         await cache.close()
 
 
+@pytest.mark.unit
 async def test_memory_cache_bounds_its_size_and_expires() -> None:
     cache = MemoryCache(max_entries=3)
     for i in range(5):
@@ -88,6 +90,7 @@ async def test_memory_cache_bounds_its_size_and_expires() -> None:
     assert await cache.get("short") is None
 
 
+@pytest.mark.unit
 def test_keys_are_namespaced_by_tenant_and_hashed() -> None:
     k1 = make_key("answer", "tenant-a", "what is 2+2", 1, True)
     k2 = make_key("answer", "tenant-b", "what is 2+2", 1, True)

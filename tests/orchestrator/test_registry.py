@@ -17,8 +17,6 @@ from orchestrator.tools.registry import Tool, ToolRegistry
 from services.schemas import ToolSpec
 from services.toolspecs import PYTHON
 
-pytestmark = [pytest.mark.unit]
-
 
 class Flaky:
     """A tool whose behaviour the test switches: answer, hang or fail."""
@@ -61,6 +59,7 @@ def build(cache: MemoryCache | None, with_fallback: bool) -> tuple[ToolRegistry,
 CTX = ToolContext(tenant="t1", timeout_s=2)
 
 
+@pytest.mark.unit
 async def test_fallback_order_cache_then_fallback_tool_then_error() -> None:
     cache = MemoryCache()
     reg, primary = build(cache, with_fallback=True)
@@ -86,6 +85,7 @@ async def test_fallback_order_cache_then_fallback_tool_then_error() -> None:
     assert (err.status, err.error) == ("error", "backend down")
 
 
+@pytest.mark.unit
 async def test_fresh_cache_hit_skips_the_primary_and_is_per_tenant() -> None:
     reg, primary = build(MemoryCache(), with_fallback=False)
     reg.get("io").cache_ttl_s = 60
@@ -96,6 +96,7 @@ async def test_fresh_cache_hit_skips_the_primary_and_is_per_tenant() -> None:
     assert other.source == "tool" and primary.calls == 2
 
 
+@pytest.mark.unit
 async def test_refusals_get_no_fallback_and_unknown_tools_an_error() -> None:
     async def refuse(text: str, ctx: ToolContext) -> Any:
         raise ToolRefused("writes are not allowed", category="sql_write")
@@ -117,6 +118,7 @@ async def test_refusals_get_no_fallback_and_unknown_tools_an_error() -> None:
     assert (await reg.run("nope", "x", CTX)).result.status == "error"
 
 
+@pytest.mark.unit
 async def test_step_timeout_is_bounded_by_the_request_budget() -> None:
     reg, primary = build(None, with_fallback=False)
     reg.get("io").timeout_s = 5
@@ -132,6 +134,7 @@ ALERT_SHAPE = {
 }  # fmt: skip
 
 
+@pytest.mark.unit
 async def test_a_refusal_logs_one_alert_in_the_shared_shape() -> None:
     async def refuse(text: str, ctx: ToolContext) -> Any:
         raise ToolRefused("writes are not allowed", category="sql_write")
@@ -148,6 +151,7 @@ async def test_a_refusal_logs_one_alert_in_the_shared_shape() -> None:
     assert alert["error.message"] == "writes are not allowed"
 
 
+@pytest.mark.unit
 async def test_a_tool_that_times_itself_gets_its_grace() -> None:
     """The registry waits `fn.timeout_grace_s` past the step's timeout for the tool's own."""
 
@@ -222,6 +226,7 @@ async def _built(monkeypatch: pytest.MonkeyPatch, tmp_path: Any, **env: str) -> 
         return await build_registry(settings, MemoryCache(), stack)
 
 
+@pytest.mark.unit
 async def test_registry_tools_are_the_shared_specs_with_settings_limits(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:
@@ -255,6 +260,7 @@ async def test_registry_tools_are_the_shared_specs_with_settings_limits(
     }
 
 
+@pytest.mark.unit
 async def test_registry_limits_default_to_the_settings_defaults(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Any
 ) -> None:

@@ -9,6 +9,8 @@ import pytest
 from planner.backends.llamacpp import cpu_has_amx, use_extra_buffers
 from services.settings import PlannerSettings
 
+pytestmark = pytest.mark.unit
+
 SAPPHIRE_RAPIDS = """processor\t: 0
 vendor_id\t: GenuineIntel
 flags\t\t: fpu sse2 avx2 avx512f avx512_vnni amx_bf16 avx512_fp16 amx_tile amx_int8

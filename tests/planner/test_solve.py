@@ -17,8 +17,6 @@ from services.errors import NotReady
 from services.schemas import SOLUTION_TEXT_CHARS, SolveRequest
 from services.settings import PlannerSettings
 
-pytestmark = pytest.mark.unit
-
 TEXTS = [
     "48/2 = 24 in May, 48+24 = 72.\nThe answer is 72.",
     "Half of 48 is 24; 48 + 24 = 72 clips.\nThe answer is 72.",
@@ -43,6 +41,7 @@ async def service_with(backend: ScriptedBackend, **settings) -> PlannerService:
     return service
 
 
+@pytest.mark.unit
 async def test_the_first_solution_is_greedy_and_the_rest_are_sampled() -> None:
     backend = Recording({"q": TEXTS})
     service = await service_with(backend, seed=5)
@@ -58,6 +57,7 @@ async def test_the_first_solution_is_greedy_and_the_rest_are_sampled() -> None:
         assert r.metadata == {"kind": "prose"}
 
 
+@pytest.mark.unit
 async def test_later_solutions_are_new_samples() -> None:
     backend = Recording({"q": TEXTS})
     service = await service_with(backend)
@@ -67,6 +67,7 @@ async def test_later_solutions_are_new_samples() -> None:
     assert (only.n, only.first_sample, only.temperature) == (2, 2, 1.1)
 
 
+@pytest.mark.unit
 async def test_one_solution_is_the_greedy_one() -> None:
     backend = Recording({"q": TEXTS})
     response = await (await service_with(backend)).solve(SolveRequest(question="q"))
@@ -74,6 +75,7 @@ async def test_one_solution_is_the_greedy_one() -> None:
     assert [(r.n, r.temperature) for r in backend.requests] == [(1, 0.0)]
 
 
+@pytest.mark.unit
 async def test_long_texts_and_long_numbers_are_cut_or_refused() -> None:
     long_text = "x" * (SOLUTION_TEXT_CHARS + 500) + " The answer is 4."
     huge = "The answer is " + "9" * 70 + "."
@@ -85,12 +87,14 @@ async def test_long_texts_and_long_numbers_are_cut_or_refused() -> None:
     assert second.answer is None  # a 70-digit number is no answer
 
 
+@pytest.mark.unit
 async def test_solve_before_the_model_is_loaded_is_not_ready() -> None:
     service = PlannerService(ScriptedBackend(), PlannerSettings())
     with pytest.raises(NotReady):
         await service.solve(SolveRequest(question="q"))
 
 
+@pytest.mark.unit
 def test_solve_over_http(tmp_path: Path) -> None:
     settings = PlannerSettings(backend="scripted", log_dir=tmp_path)
     with TestClient(create_app(settings)) as client:
@@ -110,7 +114,8 @@ def test_solve_over_http(tmp_path: Path) -> None:
             assert r.json()["error"]["param"] == param
 
 
-@pytest.mark.integration
+@pytest.mark.model
+@pytest.mark.slow
 def test_solve_on_a_real_model_gives_a_greedy_first_solution_and_sampled_others() -> None:
     from cli.pull import pull
     from planner.backends.llamacpp import LlamaCppBackend

@@ -28,8 +28,6 @@ from services.settings import CommonSettings, HttpLimits
 from tests.conftest import free_port
 from tests.orchestrator.helpers import ServerThread
 
-pytestmark = [pytest.mark.unit]
-
 LIMITS = HttpLimits(
     max_body_bytes=2048, max_header_bytes=16_384, body_read_timeout_s=0.5, max_in_flight=2
 )
@@ -81,6 +79,7 @@ async def post_chunked(app: FastAPI, n: int, size: int) -> httpx.Response:
         )
 
 
+@pytest.mark.unit
 async def test_a_chunked_body_over_the_limit_is_413() -> None:
     calls: list[str] = []
     r = await post_chunked(make_app(calls), n=10, size=1000)
@@ -91,6 +90,7 @@ async def test_a_chunked_body_over_the_limit_is_413() -> None:
     assert calls == []
 
 
+@pytest.mark.unit
 async def test_a_chunked_body_under_the_limit_reaches_the_handler() -> None:
     calls: list[str] = []
     r = await post_chunked(make_app(calls), n=3, size=500)
@@ -140,6 +140,7 @@ async def asgi_call(
 JSON = (b"content-type", b"application/json")
 
 
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("length", "status", "error_type"),
     [
@@ -158,6 +159,7 @@ async def test_a_bad_content_length_is_the_callers_fault(length, status, error_t
     assert calls == []
 
 
+@pytest.mark.unit
 async def test_a_client_that_goes_away_gets_a_499_in_the_error_shape() -> None:
     calls: list[str] = []
     messages = [
@@ -169,6 +171,7 @@ async def test_a_client_that_goes_away_gets_a_499_in_the_error_shape() -> None:
     assert_error(body, "client_closed")
 
 
+@pytest.mark.unit
 async def test_a_client_that_goes_away_while_sending_its_body_is_not_served() -> None:
     calls: list[str] = []
     messages = [

@@ -19,8 +19,6 @@ pytest.importorskip("transformers")
 from training import calibrate, compare, data, evaluate, metrics, train_lora  # noqa: E402
 from training.prompt import PROMPT_FORMAT  # noqa: E402
 
-pytestmark = [pytest.mark.model]
-
 
 def make_tiny_model(directory: Path, texts: list[str]) -> None:
     """A 2-layer random llama and a word-level tokenizer over the words in `texts`."""
@@ -48,6 +46,8 @@ def make_tiny_model(directory: Path, texts: list[str]) -> None:
     LlamaForCausalLM(config).save_pretrained(str(directory))
 
 
+@pytest.mark.model
+@pytest.mark.slow
 def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
     data_dir, model_dir, adapter_dir = tmp_path / "data", tmp_path / "tiny", tmp_path / "adapter"
     data.main(
@@ -184,11 +184,13 @@ def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
     assert (legacy.temperature, legacy.bias) == (2.0, 0.0)
 
 
+@pytest.mark.unit
 def test_config_checks_give_actionable_messages(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"config\.json"):
         train_lora.TrainConfig(base_model=str(tmp_path), data_dir=str(tmp_path), out_dir="x")
 
 
+@pytest.mark.unit
 def test_metrics_on_known_values() -> None:
     labels = [True, False, True, False]
     assert metrics.auroc([0.9, 0.1, 0.8, 0.2], labels) == 1.0
@@ -202,6 +204,7 @@ def test_metrics_on_known_values() -> None:
     assert t > 1
 
 
+@pytest.mark.unit
 def test_temperature_and_bias_are_recovered_and_fix_an_offset() -> None:
     rng = random.Random(3)
     # claims whose true P(TRUE) is sigmoid(z / 2 - 1): the raw scores are over-confident
@@ -225,6 +228,7 @@ def test_temperature_and_bias_are_recovered_and_fix_an_offset() -> None:
     assert t_rev > 10
 
 
+@pytest.mark.unit
 def test_calibrate_methods() -> None:
     logits = [3.0, 2.0, 1.0, -1.0, 0.5, 2.5, -2.0, 1.5]
     labels = [True, False, True, False, False, True, False, False]
@@ -241,6 +245,7 @@ def test_calibrate_methods() -> None:
         calibrate.fit([1.0, 2.0], [True, True], "temperature+bias")
 
 
+@pytest.mark.unit
 def test_calibration_files_without_a_bias_are_temperature_only(tmp_path: Path) -> None:
     legacy = tmp_path / "calibration.json"
     legacy.write_text(json.dumps({"method": "temperature_scaling", "temperature": 0.9}))
@@ -252,6 +257,7 @@ def test_calibration_files_without_a_bias_are_temperature_only(tmp_path: Path) -
         evaluate.read_calibration(legacy)
 
 
+@pytest.mark.unit
 def test_balanced_batches_hold_equal_labels_and_parse_as_flags(tmp_path: Path) -> None:
     (tmp_path / "config.json").write_text("{}")
     (tmp_path / "train.jsonl").write_text("")
@@ -273,6 +279,7 @@ def test_balanced_batches_hold_equal_labels_and_parse_as_flags(tmp_path: Path) -
         train_lora.make_batches([{"label": True}] * 20, [1] * 20, cfg, random.Random(1))
 
 
+@pytest.mark.unit
 def test_paired_comparison_counts_discordant_claims() -> None:
     labels = [True, False] * 10
     a = [{"id": i, "label": y, "z": 1.0 if y else -1.0} for i, y in enumerate(labels)]
