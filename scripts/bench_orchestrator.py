@@ -9,7 +9,7 @@ orchestrator (with an extra `sleep` tool) as three processes, then measures:
 - 64 concurrent clients for 30 s: requests/s, errors (each failure's status, error type
   and message), orchestrator RSS before and after.
 
-    python scripts/bench_orchestrator.py [--duration-s 30] [--clients 64]
+    python -m scripts.bench_orchestrator [--duration-s 30] [--clients 64]
 
 The last line of output is one JSON object with the figures.
 """
@@ -21,6 +21,7 @@ import asyncio
 import json
 import os
 import platform
+import socket
 import subprocess
 import sys
 import tempfile
@@ -33,7 +34,6 @@ from typing import Any
 import httpx
 
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
 
 def plan(*steps: tuple[str, str, str, list[str]]) -> dict[str, Any]:
@@ -225,6 +225,12 @@ def wait_ready(url: str, proc: subprocess.Popen[bytes], timeout_s: float = 60) -
     raise RuntimeError(f"{url} not ready")
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -237,8 +243,6 @@ def main() -> None:
     if args.serve_orchestrator:
         serve_orchestrator(args.serve_orchestrator)
         return
-
-    from tests.conftest import free_port
 
     tmp = Path(tempfile.mkdtemp(prefix="bench-orch-"))
     print(f"service logs in {tmp}", file=sys.stderr)
@@ -285,7 +289,14 @@ def main() -> None:
         for name in ("planner", "verifier")
     ]
     orch = subprocess.Popen(
-        [sys.executable, __file__, "--serve-orchestrator", str(ports["orchestrator"])], **quiet
+        [
+            sys.executable,
+            "-m",
+            "scripts.bench_orchestrator",
+            "--serve-orchestrator",
+            str(ports["orchestrator"]),
+        ],
+        **quiet,
     )
     procs.append(orch)
     try:

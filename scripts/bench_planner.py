@@ -9,8 +9,8 @@ by the orchestrator's real tools (python in the sandbox, calc, ...).
 Questions are a seeded sample of GSM8K train, without the few-shot examples. The last
 line of output is one JSON object with the figures.
 
-    .venv/bin/python scripts/bench_planner.py --model qwen2.5-coder-0.5b-instruct --limit 200
-    .venv/bin/python scripts/bench_planner.py --backend openai --model SERVED_NAME \
+    .venv/bin/python -m scripts.bench_planner --model qwen2.5-coder-0.5b-instruct --limit 200
+    .venv/bin/python -m scripts.bench_planner --backend openai --model SERVED_NAME \
         --openai-base-url http://127.0.0.1:8100/v1 --concurrency 8
 
 With the openai backend the server decodes; timings are the client's (each request's
@@ -27,28 +27,27 @@ import json
 import os
 import platform
 import random
-import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from evals.datasets import GSM8K_TRAIN
+from planner.backends import create_backend
+from planner.backends.base import Generation, GenerationRequest
+from planner.prompting import build_messages, few_shot
+from planner.service import PlannerService
+from services.arith import numbers_close, parse_number
+from services.errors import DependencyUnavailable, PlanInvalid, PlanningFailed
+from services.plans import parse_plan
+from services.schemas import PlanRequest, plan_json_schema
+from services.settings import OrchestratorSettings, PlannerSettings
+from services.toolspecs import DEFAULT_TOOLS, tool_names
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from planner.backends import create_backend  # noqa: E402
-from planner.backends.base import Generation, GenerationRequest  # noqa: E402
-from planner.prompting import build_messages, few_shot  # noqa: E402
-from planner.service import PlannerService  # noqa: E402
-from services.arith import numbers_close, parse_number  # noqa: E402
-from services.errors import DependencyUnavailable, PlanInvalid, PlanningFailed  # noqa: E402
-from services.plans import parse_plan  # noqa: E402
-from services.schemas import PlanRequest, plan_json_schema  # noqa: E402
-from services.settings import OrchestratorSettings, PlannerSettings  # noqa: E402
-from services.toolspecs import DEFAULT_TOOLS, tool_names  # noqa: E402
-
-DATASET = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.norm.jsonl"
+DATASET = GSM8K_TRAIN
 
 
 def rss_mib(field: str = "VmRSS") -> float:

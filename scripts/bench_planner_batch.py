@@ -20,7 +20,7 @@ Each measurement is one JSON line on stdout and appended to `--out`; a rerun ski
 `--out` already holds (same model, mode, phase, question and n), so a long run can be
 resumed. The last line is a summary computed from `--out`.
 
-    .venv/bin/python scripts/bench_planner_batch.py --model qwen2.5-coder-0.5b-instruct \\
+    .venv/bin/python -m scripts.bench_planner_batch --model qwen2.5-coder-0.5b-instruct \\
         --questions 2 --n 1 2 5 8 --clients 4 --out var/bench_planner_batch.jsonl
 """
 
@@ -32,24 +32,20 @@ import json
 import os
 import platform
 import statistics
-import sys
 import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
+from planner.backends.base import Generation, GenerationRequest
+from planner.backends.llamacpp import LlamaCppBackend
+from planner.prompting import build_messages
+from scripts.bench_planner import is_valid, load_questions, rss_mib
+from services.schemas import plan_json_schema
+from services.settings import PlannerSettings
+from services.toolspecs import DEFAULT_TOOLS, tool_names
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "scripts"))
-
-from bench_planner import is_valid, load_questions, rss_mib  # noqa: E402
-
-from planner.backends.base import Generation, GenerationRequest  # noqa: E402
-from planner.backends.llamacpp import LlamaCppBackend  # noqa: E402
-from planner.prompting import build_messages  # noqa: E402
-from services.schemas import plan_json_schema  # noqa: E402
-from services.settings import PlannerSettings  # noqa: E402
-from services.toolspecs import DEFAULT_TOOLS, tool_names  # noqa: E402
 
 MODES = ("sequential", "engine", "server")
 

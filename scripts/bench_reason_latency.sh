@@ -11,6 +11,7 @@
 #   [CHECKOUT=DIR] [PORT_BASE=18200] scripts/bench_reason_latency.sh LABEL [N] [N5]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$repo"
 label="${1:?usage: bench_reason_latency.sh LABEL [N]}"
 n="${2:-50}"
 n5="${3:-$n}"
@@ -34,8 +35,8 @@ git -C "$checkout" rev-parse HEAD >"$logs/commit"
 for mode in plan plan+verify+sc5; do
   limit="$n"
   if [ "$mode" = plan+verify+sc5 ]; then limit="$n5"; fi
-  PYTHONPATH="$repo" "$py" "$repo/scripts/eval.py" run \
-    --data "$repo/../shared/datasets/gsm8k/test.norm.jsonl" --mode "$mode" \
+  PYTHONPATH="$repo" "$py" -m scripts.eval run \
+    --data "$repo/datasets/gsm8k/test.norm.jsonl" --mode "$mode" \
     --out "$out/reason_latency-$label-$mode.jsonl" --limit "$limit" \
     --url "http://127.0.0.1:$ORCH_PORT" --planner-url "http://127.0.0.1:$PLANNER_PORT" \
     --deadline-s 120 --concurrency 1 --no-progress

@@ -1,6 +1,6 @@
 """Per-call overhead of the Python sandbox for trivial code, against a fresh interpreter.
 
-    .venv/bin/python scripts/bench_sandbox.py [--calls 300] [--fresh-calls 60] [--workers 2]
+    .venv/bin/python -m scripts.bench_sandbox [--calls 300] [--fresh-calls 60] [--workers 2]
 
 Measures, for `1 + 1`:
 - pool: `Sandbox.run` end to end (static check, job to a pre-started worker, fork of a
@@ -24,10 +24,7 @@ import resource
 import statistics
 import sys
 import time
-from pathlib import Path
 from typing import Any
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator.sandbox import Sandbox, SandboxSettings
 

@@ -1,6 +1,6 @@
 """Verifier benchmark: latency per claim (single and batch) and the exact checks' record.
 
-    .venv/bin/python scripts/bench_verifier.py --data var/verifier-data --n 48
+    .venv/bin/python -m scripts.bench_verifier --data var/verifier-data --n 48
 
 Latency uses the model backend as served (tokenize, one forward pass, calibration) on
 claims from the held-out test split; the symbolic part runs `verifier.symbolic.check`
@@ -14,17 +14,15 @@ import argparse
 import asyncio
 import json
 import statistics
-import sys
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from services.settings import VerifierSettings
+from verifier import symbolic
+from verifier.backends.base import Claim
+from verifier.backends.model import ModelVerifier
 
-from services.settings import VerifierSettings  # noqa: E402
-from verifier import symbolic  # noqa: E402
-from verifier.backends.base import Claim  # noqa: E402
-from verifier.backends.model import ModelVerifier  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 
 def read_jsonl(path: Path) -> list[dict]:

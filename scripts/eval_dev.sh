@@ -25,6 +25,6 @@ model="$("$py" -c 'from services.settings import PlannerSettings; print(PlannerS
 serve_pid=$!
 trap 'kill "$serve_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true' EXIT
 scripts/wait_ready.sh "$serve_pid" "$logs/serve.out" "$ORCH_PORT" "$PLANNER_PORT" "$VERIFIER_PORT"
-"$py" scripts/eval.py run --data evals/splits/gsm8k-train-dev.jsonl --mode "$mode" --out "$out" \
+"$py" -m scripts.eval run --data evals/splits/gsm8k-train-dev.jsonl --mode "$mode" --out "$out" \
   --limit "$n" --url "http://127.0.0.1:$ORCH_PORT" --planner-url "http://127.0.0.1:$PLANNER_PORT" \
   --deadline-s 120 --retry-errors --concurrency 1 --no-progress

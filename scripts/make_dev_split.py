@@ -5,7 +5,7 @@ A seeded sample of GSM8K train without the items any prompt shows as an example 
 planner's few-shot plans and the `direct` mode's worked answers). The committed file is
 what this script writes; a test holds the two equal.
 
-    python scripts/make_dev_split.py            # writes evals/splits/gsm8k-train-dev.jsonl
+    python -m scripts.make_dev_split            # writes evals/splits/gsm8k-train-dev.jsonl
 """
 
 from __future__ import annotations
@@ -13,16 +13,15 @@ from __future__ import annotations
 import argparse
 import json
 import random
-import sys
 from pathlib import Path
 
+from evals.datasets import GSM8K_TRAIN
+from planner.prompting import few_shot
+from planner.prose import prose_prompt
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
 
-from planner.prompting import few_shot  # noqa: E402
-from planner.prose import prose_prompt  # noqa: E402
-
-TRAIN = REPO.parent / "shared" / "datasets" / "gsm8k" / "train.norm.jsonl"
+TRAIN = GSM8K_TRAIN
 OUT = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
 SEED = 20261201
 SIZE = 300

@@ -15,9 +15,9 @@ nearly the same items in every arm, while the planner's cached prompt prefix (on
 format) is evaluated once per chunk and arm, not on every switch of arm. One JSON line per
 (item, arm) is appended as it finishes; rerunning resumes.
 
-    .venv/bin/python scripts/study_plan_format.py --model qwen2.5-coder-1.5b-instruct \
+    .venv/bin/python -m scripts.study_plan_format --model qwen2.5-coder-1.5b-instruct \
         --limit 60 --out docs/benchmarks/results/plan_format-1.5b.jsonl
-    .venv/bin/python scripts/study_plan_format.py --report docs/benchmarks/results/plan_format-1.5b.jsonl
+    .venv/bin/python -m scripts.study_plan_format --report docs/benchmarks/results/plan_format-1.5b.jsonl
 """
 
 from __future__ import annotations
@@ -26,24 +26,22 @@ import argparse
 import asyncio
 import json
 import platform
-import sys
 import time
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
+from evals.data import iter_results, load_items
+from evals.extract import extract_number, is_correct
+from evals.modes import DirectRunner
+from evals.stats import percentile, wilson_interval
+from planner.prompting import PLAN_FORMATS
+from planner.service import PlannerService
+from services.errors import ServiceError
+from services.schemas import PlanRequest
+from services.settings import OrchestratorSettings, PlannerSettings
 
-from evals.data import iter_results, load_items  # noqa: E402
-from evals.extract import extract_number, is_correct  # noqa: E402
-from evals.modes import DirectRunner  # noqa: E402
-from evals.stats import percentile, wilson_interval  # noqa: E402
-from planner.prompting import PLAN_FORMATS  # noqa: E402
-from planner.service import PlannerService  # noqa: E402
-from services.errors import ServiceError  # noqa: E402
-from services.schemas import PlanRequest  # noqa: E402
-from services.settings import OrchestratorSettings, PlannerSettings  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 DEV = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
 ARMS = (*PLAN_FORMATS, "direct")
