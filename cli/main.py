@@ -124,7 +124,10 @@ def serve(
     def _terminate(*_: Any) -> None:
         raise KeyboardInterrupt
 
+    # SIGINT too: a process started in the background of a non-interactive shell inherits
+    # SIGINT ignored, and Python then installs no KeyboardInterrupt handler of its own.
     signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGINT, _terminate)
     try:
         urls = {name: f"http://{host}:{port}" for name, port in ports.items()}
         ready = wait_ready(urls, ready_timeout_s, procs)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -18,7 +19,9 @@ from tests.conftest import REPO, Stack, free_port
 pytestmark = [pytest.mark.integration]
 
 
-def test_serve_starts_three_services_and_ctrl_c_stops_them(tmp_path) -> None:
+def test_serve_starts_three_services_and_ctrl_c_stops_them(
+    tmp_path, python: list[str] | None = None
+) -> None:
     ports = {"PLANNER_PORT": free_port(), "VERIFIER_PORT": free_port(), "ORCH_PORT": free_port()}
     env = {
         **os.environ,
@@ -29,7 +32,7 @@ def test_serve_starts_three_services_and_ctrl_c_stops_them(tmp_path) -> None:
         "ORCH_DATABASE_URL": "",
     }
     proc = subprocess.Popen(
-        [sys.executable, "-m", "cli", "serve", "--log-dir", str(tmp_path)],
+        [*(python or [sys.executable, "-m", "cli"]), "serve", "--log-dir", str(tmp_path)],
         cwd=REPO,
         env=env,
         stdout=subprocess.PIPE,
@@ -61,7 +64,23 @@ def test_serve_starts_three_services_and_ctrl_c_stops_them(tmp_path) -> None:
             )
     finally:
         if proc.poll() is None:
+            survivors = subprocess.run(
+                ["pgrep", "-P", str(proc.pid)], capture_output=True, text=True
+            )
             proc.kill()
+            for pid in survivors.stdout.split():  # never leave the services running
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+
+
+def test_serve_stops_on_ctrl_c_even_when_started_with_sigint_ignored(tmp_path) -> None:
+    # A background job of a non-interactive shell (`cmd &` in a script, CI) starts with
+    # SIGINT ignored; Ctrl-C (SIGINT) must still stop the services.
+    probe = (
+        "import signal, sys, runpy; signal.signal(signal.SIGINT, signal.SIG_IGN); "
+        "sys.argv = ['reason'] + sys.argv[1:]; runpy.run_module('cli', run_name='__main__')"
+    )
+    test_serve_starts_three_services_and_ctrl_c_stops_them(tmp_path, [sys.executable, "-c", probe])
 
 
 def test_ask_prints_answer_and_steps(stack: Stack) -> None:
