@@ -673,3 +673,20 @@ def numbers_close(a: Any, b: Any, rel_tol: float = 1e-9, abs_tol: float = 1e-12)
         return True
     diff = abs(fx - fy)
     return diff <= max(Fraction(rel_tol) * max(abs(fx), abs(fy)), Fraction(abs_tol))
+
+
+def json_number(value: Number) -> int | float | str:
+    """A calc result as the value a step hands on. Later steps get the result as a number (python steps compute with it): integers as
+    int, terminating decimals as float when the float prints as the same decimal (0.3,
+    12.5; a later calc step reads it back as exactly that decimal). Anything a float
+    would change stays exact text: "0.3333333333 (1/3)", "123456789.123456789"."""
+    if isinstance(value, float):
+        return value
+    if value.denominator == 1:
+        return int(value)
+    text = format_number(value)
+    if "(" not in text:
+        as_float = float(text)
+        if Fraction(repr(as_float)) == value:
+            return as_float
+    return text

@@ -27,6 +27,7 @@ trained on (`PROMPT_FORMAT`, saved beside the adapter as `prompt.json`).
 from __future__ import annotations
 
 import ast
+import json
 import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
@@ -203,3 +204,16 @@ def render_prompt(
         parts.append(fmt["context_block"].format(context=context.strip()))
     parts.append(fmt["claim_block"].format(statement=statement.strip()))
     return "".join(parts)
+
+
+# A step's value as responses and the verifier's claims show it.
+STEP_OUTPUT_CHARS = 20_000
+
+
+def render_value(value: Any) -> str:
+    """How a step's value is shown in responses and prompts."""
+    if isinstance(value, str):
+        text = value
+    else:
+        text = json.dumps(value, ensure_ascii=False, default=str)
+    return text if len(text) <= STEP_OUTPUT_CHARS else text[:STEP_OUTPUT_CHARS] + "…"

@@ -152,6 +152,13 @@ GSM8K_ITEMS = [
         "solution": "Weng earns 12/60 = $<<12/60=0.2>>0.2 per minute.\nWorking 50 minutes, "
         "she earned 0.2 x 50 = $<<0.2*50=10>>10.\n#### 10",
     },
+    {
+        "question": "Ten liters of juice are shared equally among 3 jugs, and each jug's juice "
+        "fills 6 glasses per liter. How many glasses are filled in all?",
+        "answer": "60",
+        "solution": "Each jug holds 10/3 = <<10/3=3.33>>3.33 liters.\nThey fill 10/3 * 6 * 3 = "
+        "<<10/3*6*3=60>>60 glasses.\n#### 60",
+    },
 ]
 
 
@@ -200,7 +207,7 @@ def served_prompt(wire: dict[str, str]) -> str:
     return prompt
 
 
-@pytest.mark.parametrize("item", GSM8K_ITEMS, ids=["integers", "decimals"])
+@pytest.mark.parametrize("item", GSM8K_ITEMS, ids=["integers", "decimals", "thirds"])
 def test_training_and_serving_give_the_verifier_the_same_prompt(item: dict[str, str]) -> None:
     scoring = pytest.importorskip("training.scoring")  # needs torch
     trained = training_claim(item)

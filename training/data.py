@@ -34,6 +34,8 @@ from typing import Any
 
 from evals import datasets as shipped
 from services import claims
+from services.arith import json_number
+from services.claims import render_value
 
 DEFAULT_DATASETS = shipped.ROOT
 
@@ -410,7 +412,8 @@ def gsm8k_steps(solution: str) -> list[tuple[str, Fraction]]:
 def plan_steps(steps: list[tuple[str, Fraction]]) -> list[claims.Step]:
     """Calculator steps as a plan's executed steps `s1, s2, ...`, the last one answering."""
     return [
-        claims.Step(id=f"s{k}", tool="calc", input=expr, output=fmt(value))
+        # the calc tool's value, shown as a served step shows it
+        claims.Step(id=f"s{k}", tool="calc", input=expr, output=render_value(json_number(value)))
         for k, (expr, value) in enumerate(steps, 1)
     ]
 

@@ -9,7 +9,6 @@ is done), so a call finishes in well under a millisecond and needs no thread or 
 
 from __future__ import annotations
 
-from fractions import Fraction
 from typing import Any
 
 import structlog
@@ -22,7 +21,7 @@ from services.arith import (
     UnknownName,
     as_fraction,
     evaluate,
-    format_number,
+    json_number,
     parse_quantity,
 )
 
@@ -68,21 +67,4 @@ async def calc(input: str, ctx: ToolContext) -> int | float | str:
         raise ToolError(str(exc)) from exc
     except ArithError as exc:
         raise ToolError(str(exc)) from exc
-    return _json_number(result)
-
-
-def _json_number(value: Number) -> int | float | str:
-    """Later steps get the result as a number (python steps compute with it): integers as
-    int, terminating decimals as float when the float prints as the same decimal (0.3,
-    12.5; a later calc step reads it back as exactly that decimal). Anything a float
-    would change stays exact text: "0.3333333333 (1/3)", "123456789.123456789"."""
-    if isinstance(value, float):
-        return value
-    if value.denominator == 1:
-        return int(value)
-    text = format_number(value)
-    if "(" not in text:
-        as_float = float(text)
-        if Fraction(repr(as_float)) == value:
-            return as_float
-    return text
+    return json_number(result)

@@ -24,6 +24,7 @@ from orchestrator.cache import Cache, cache_get, make_key, normalize_text
 from orchestrator.limits import SANDBOX_TOOLS, TenantSemaphore
 from orchestrator.sandbox.events import security_alert
 from orchestrator.tools.base import ToolContext, ToolError, ToolFn, ToolRefused
+from services.claims import render_value
 from services.schemas import StepSource, StepStatus, ToolRunResult, ToolSpec
 
 log = structlog.get_logger("tools")
@@ -37,7 +38,6 @@ STEP_LATENCY = Histogram(
 )
 
 STALE_FACTOR = 12  # stale copies live this many fresh TTLs, for use when the tool fails
-MAX_OUTPUT_CHARS = 20_000
 
 
 @dataclass
@@ -51,15 +51,6 @@ class Tool:
     @property
     def name(self) -> str:
         return self.spec.name
-
-
-def render_value(value: Any) -> str:
-    """How a step's value is shown in responses and prompts."""
-    if isinstance(value, str):
-        text = value
-    else:
-        text = json.dumps(value, ensure_ascii=False, default=str)
-    return text if len(text) <= MAX_OUTPUT_CHARS else text[:MAX_OUTPUT_CHARS] + "…"
 
 
 @dataclass
