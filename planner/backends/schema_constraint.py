@@ -1,8 +1,8 @@
 """JSON-schema constrained decoding for llama.cpp with xgrammar.
 
 llama.cpp's own GBNF sampler checks the grammar against every token of the vocabulary
-(151k for Qwen) at every step, which on a 0.5B model costs about a third of each token's
-time on this CPU. xgrammar, the engine vLLM uses for structured outputs, compiles the
+(151k for Qwen) at every step, a large share of a small model's time per token
+(docs/benchmarks/planner.md). xgrammar, the engine vLLM uses for structured outputs, compiles the
 schema once into a pushdown automaton whose per-state token masks are mostly precomputed,
 so a step is a mask fill plus one masked write over the logits.
 
