@@ -21,9 +21,6 @@ from prometheus_client import Counter
 from redis import asyncio as aioredis
 from redis.exceptions import RedisError
 
-# keys are made of normalized text: what a question asks, as services.answers reads it
-from services.answers import normalize_text as normalize_text
-
 log = structlog.get_logger("cache")
 
 CACHE_OPS = Counter("cache_operations_total", "Cache lookups and writes", ["cache", "op", "result"])

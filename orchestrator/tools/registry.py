@@ -20,10 +20,11 @@ from typing import Any, cast
 import structlog
 from prometheus_client import Counter, Histogram
 
-from orchestrator.cache import Cache, cache_get, make_key, normalize_text
+from orchestrator.cache import Cache, cache_get, make_key
 from orchestrator.limits import SANDBOX_TOOLS, TenantSemaphore
 from orchestrator.sandbox.events import security_alert
 from orchestrator.tools.base import ToolContext, ToolError, ToolFn, ToolRefused
+from services.answers import normalize_text
 from services.claims import render_value
 from services.schemas import StepSource, StepStatus, ToolRunResult, ToolSpec
 
