@@ -74,8 +74,9 @@ def result_key(record: dict[str, Any]) -> ResultKey:
     return (str(record.get("dataset", "")), str(record["mode"]), str(record["id"]))
 
 
-def iter_results(path: Path) -> Iterator[dict[str, Any]]:
-    """Complete result lines of a file; a torn or foreign line is skipped."""
+def iter_records(path: Path, *keys: str) -> Iterator[dict[str, Any]]:
+    """Complete JSON-object lines of a file that have all of `keys`; a torn line (the
+    last one of an interrupted run) or a foreign one is skipped."""
     if not path.exists():
         return
     with path.open(encoding="utf-8") as f:
@@ -86,8 +87,13 @@ def iter_results(path: Path) -> Iterator[dict[str, Any]]:
                 record = json.loads(line)
             except ValueError:
                 continue
-            if isinstance(record, dict) and "id" in record and "mode" in record:
+            if isinstance(record, dict) and all(k in record for k in keys):
                 yield record
+
+
+def iter_results(path: Path) -> Iterator[dict[str, Any]]:
+    """Complete result lines of a file; a torn or foreign line is skipped."""
+    return iter_records(path, "id", "mode")
 
 
 def load_results(paths: Iterable[Path]) -> list[dict[str, Any]]:

@@ -1,0 +1,358 @@
+"""Sample the pipeline's own work: executed plans and worked solutions, labelled right or wrong.
+
+For each question of a dataset (GSM8K train by default), the planner service, in-process
+on the configured backend (`PLANNER_*` settings; the embedded default is llama.cpp with
+the default model), draws `--plans` plans the way self-consistency draws them (one
+`/plan` request, independent samples at the planner's temperature, repeats kept) and
+`--prose` chain-of-thought solutions the way `/solve` draws them (the first greedy, the
+rest sampled). All of a question's samples are asked for at once, so the llama.cpp
+engine decodes them as one batch. The orchestrator's executor runs every plan with its
+real tools (python in the sandbox, calc, SQL, lookup). Each sample's answer is labelled
+against the gold answer by the evaluation's one rule (`evals.extract`), and its claim is
+written by `orchestrator.service.claim`, the function the orchestrator asks the verifier
+with, so the verifier is trained on the bytes it is later asked about.
+
+Output: one JSON line per sample (`Sample`), a question's lines written together once
+all its samples are done. A rerun skips the questions already in the file, so a stopped
+run (Ctrl-C, a session's end, `--max-seconds`) resumes where it stopped. Questions the
+planner's prompts show as examples, and by default the dev split the orchestrator's
+answer calibrator is fitted on, are never sampled.
+
+    python -m training.sample_pipeline --limit 400 --plans 4 --prose 2 \
+        --out var/pipeline-samples/gsm8k-train.jsonl --max-seconds 9000
+    python -m training.sample_pipeline --report var/pipeline-samples/gsm8k-train.jsonl
+
+`--report` gives the label balance: samples, distinct answers of a question, and
+questions whose samples are all right, all wrong or mixed (all of them count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable, Iterable, Iterator
+from contextlib import AsyncExitStack
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from evals.data import Item, ResultWriter, iter_records, load_items
+from evals.datasets import GSM8K_TRAIN
+from evals.extract import extract_number, is_correct
+from orchestrator.executor import Execution, PlanExecutor
+from orchestrator.service import Attempt, claim
+from planner.prompting import few_shot
+from planner.prose import prose_prompt
+from planner.service import PlannerService
+from services.answers import answer_key
+from services.errors import ServiceError
+from services.schemas import PlanRequest, Solution, SolveRequest
+from services.settings import OrchestratorSettings, PlannerSettings
+
+REPO = Path(__file__).resolve().parents[1]
+DEV_SPLIT = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
+EXECUTE_TIMEOUT_S = 30.0  # a plan's whole run; each tool has its own timeout within it
+RECIPE = "pipeline-samples/1"  # bump when what a line holds, or how it is made, changes
+
+
+# (settings, cache, exit stack) -> tool registry: `orchestrator.tools.build_registry`'s shape
+ToolsFactory = Callable[[OrchestratorSettings, Any, AsyncExitStack], Awaitable[Any]]
+
+
+@dataclass
+class Sample:
+    """One executed plan or worked solution of one question, labelled."""
+
+    id: str  # the question's id in its dataset
+    dataset: str
+    kind: str  # "plan" or "prose"
+    sample: int  # its index among the question's samples of its kind (seeds follow it)
+    seed: int  # the planner's base seed; sample k of a kind is drawn with seed + k
+    model: str
+    answer: str | None  # as the pipeline would serve it (None: no answer)
+    predicted: float | int | None  # the number the evaluation's rule reads from it
+    gold: float | int
+    label: bool  # the answer is right
+    # The first sample of the question with this answer (answer_key): distinct answers
+    # of a question are its first-of-answer samples.
+    first_of_answer: bool
+    claim: dict[str, str] | None  # what the orchestrator would ask /verify (None: no answer)
+    plan: dict[str, Any] | None = None
+    steps: list[dict[str, Any]] = field(default_factory=list)
+    solution: str | None = None
+    error: str | None = None  # why a plan sample has no plan (planning failed)
+    seconds: float = 0.0  # the question's wall time, all its samples together
+    recipe: str = RECIPE
+
+
+def shown_questions() -> set[str]:
+    """Questions a planner prompt shows as a worked example: never sampled."""
+    return {e["question"] for e in few_shot()} | {q for q, _ in prose_prompt().examples}
+
+
+def excluded_ids(paths: Iterable[Path]) -> set[str]:
+    ids: set[str] = set()
+    for path in paths:
+        for line in path.read_text(encoding="utf-8").splitlines():
+            if line.strip():
+                ids.add(str(json.loads(line)["id"]))
+    return ids
+
+
+def done_ids(path: Path) -> set[str]:
+    return {r["id"] for r in read_samples(path)}
+
+
+def read_samples(path: Path) -> Iterator[dict[str, Any]]:
+    """Complete sample lines of a file; a torn last line (a killed run) is skipped."""
+    return iter_records(path, "id", "label")
+
+
+def label(answer: str | None, gold: float | int) -> tuple[float | int | None, bool]:
+    predicted = extract_number(answer)
+    return predicted, is_correct(predicted, gold)
+
+
+def _step(step: Any) -> dict[str, Any]:
+    return {
+        "id": step.id,
+        "tool": step.tool,
+        "input": step.input,
+        "status": step.status,
+        "output": step.output,
+        "error": step.error,
+    }
+
+
+class Sampler:
+    """Draws and labels one question's samples with the planner service and the
+    orchestrator's executor."""
+
+    def __init__(self, planner: PlannerService, executor: PlanExecutor, *, dataset: str) -> None:
+        self.planner = planner
+        self.executor = executor
+        self.dataset = dataset
+
+    async def sample(self, item: Item, n_plans: int, n_prose: int) -> list[Sample]:
+        started = time.perf_counter()
+        plans, solutions = await asyncio.gather(
+            self._plans(item, n_plans), self._solutions(item, n_prose)
+        )
+        seconds = round(time.perf_counter() - started, 3)
+        samples = [*plans, *solutions]
+        seen: set[str] = set()
+        for s in samples:
+            key = answer_key(s.answer)
+            s.first_of_answer = key is not None and key not in seen
+            if key is not None:
+                seen.add(key)
+            s.seconds = seconds
+        return samples
+
+    def _base(self, item: Item, kind: str, k: int, answer: str | None) -> dict[str, Any]:
+        predicted, right = label(answer, item.gold)
+        return {
+            "id": item.id,
+            "dataset": self.dataset,
+            "kind": kind,
+            "sample": k,
+            "seed": self.planner.settings.seed,
+            "model": self.planner.backend.model,
+            "answer": answer,
+            "predicted": predicted,
+            "gold": item.gold,
+            "label": right,
+            "first_of_answer": False,
+        }
+
+    async def _plans(self, item: Item, n: int) -> list[Sample]:
+        if n == 0:
+            return []
+        request = PlanRequest(question=item.question, n=n, distinct=False)
+        try:
+            plans = (await self.planner.plan(request)).plans
+        except ServiceError as exc:
+            return [
+                Sample(**self._base(item, "plan", k, None), claim=None, error=exc.message)
+                for k in range(n)
+            ]
+        loop = asyncio.get_running_loop()
+        executions: list[Execution] = await asyncio.gather(
+            *(self.executor.run(p, deadline=loop.time() + EXECUTE_TIMEOUT_S) for p in plans)
+        )
+        return [
+            Sample(
+                **self._base(item, "plan", k, e.answer),
+                claim=claim(item.question, e) if e.answer is not None else None,
+                plan=e.plan.model_dump(),
+                steps=[_step(s) for s in e.steps],
+            )
+            for k, e in enumerate(executions)
+        ]
+
+    async def _solutions(self, item: Item, n: int) -> list[Sample]:
+        if n == 0:
+            return []
+        solutions: list[Solution] = (
+            await self.planner.solve(SolveRequest(question=item.question, n=n))
+        ).solutions
+        return [
+            Sample(
+                **self._base(item, "prose", k, s.answer),
+                claim=claim(item.question, Attempt(solution=s)) if s.answer is not None else None,
+                solution=s.text,
+            )
+            for k, s in enumerate(solutions)
+        ]
+
+
+async def make_executor(stack: AsyncExitStack, tools: ToolsFactory | None = None) -> PlanExecutor:
+    """The orchestrator's executor over the tools it builds at startup (`tools`: the
+    orchestrator's own factory, `build_registry`, unless a test brings its own), with the
+    orchestrator's settings from the environment and an in-process cache."""
+    from orchestrator.cache import MemoryCache
+    from orchestrator.tools import build_registry
+
+    registry = await (tools or build_registry)(OrchestratorSettings(), MemoryCache(), stack)
+    return PlanExecutor(registry)
+
+
+def pending_items(args: argparse.Namespace) -> list[Item]:
+    items = load_items(args.data, offset=args.offset, limit=None)
+    skip = excluded_ids(args.exclude) | done_ids(args.out)
+    shown = shown_questions()
+    todo = [i for i in items if i.id not in skip and i.question not in shown]
+    return todo[: args.limit] if args.limit is not None else todo
+
+
+async def run(
+    args: argparse.Namespace,
+    planner: PlannerService | None = None,
+    tools: ToolsFactory | None = None,
+) -> int:
+    """Sample until every pending question is done or the time is up; returns how many
+    questions were sampled. `planner` defaults to the service on the configured backend,
+    `tools` to the orchestrator's own."""
+    from evals.data import dataset_name
+    from planner.backends import create_backend
+
+    todo = pending_items(args)
+    if not todo:
+        print(f"nothing to do: every question is already in {args.out}", file=sys.stderr)
+        return 0
+    if planner is None:
+        settings = PlannerSettings()
+        planner = PlannerService(create_backend(settings), settings)
+    await planner.load()
+    if not planner.ready:
+        raise SystemExit(f"the planner model did not load: {planner.load_error}")
+    started = time.monotonic()
+    sampled = 0
+    bar = None
+    if args.progress:
+        from tqdm import tqdm
+
+        bar = tqdm(total=len(todo), desc="questions", unit="q")
+    try:
+        async with AsyncExitStack() as stack:
+            executor = await make_executor(stack, tools)
+            sampler = Sampler(planner, executor, dataset=dataset_name(args.data))
+            with ResultWriter(args.out) as writer:
+                for item in todo:
+                    if (
+                        sampled
+                        and args.max_seconds
+                        and time.monotonic() - started > args.max_seconds
+                    ):
+                        print(f"time is up after {sampled} questions; rerun to resume")
+                        break
+                    samples = await sampler.sample(item, args.plans, args.prose)
+                    for s in samples:
+                        writer.write(asdict(s))
+                    sampled += 1
+                    if bar is not None:
+                        right = sum(s.label for s in samples)
+                        bar.set_postfix_str(f"{item.id}: {right}/{len(samples)} right")
+                        bar.update(1)
+    finally:
+        if bar is not None:
+            bar.close()
+        await planner.backend.close()
+    return sampled
+
+
+def report(paths: list[Path]) -> dict[str, Any]:
+    """The label balance of sample files (every question counts, whatever its mix)."""
+    rows = [r for p in paths for r in read_samples(p)]
+    by_question: dict[str, list[dict[str, Any]]] = {}
+    for r in rows:
+        by_question.setdefault(r["id"], []).append(r)
+    mix: Counter[str] = Counter()
+    for samples in by_question.values():
+        rights = [s["label"] for s in samples]
+        mix["all right" if all(rights) else "all wrong" if not any(rights) else "mixed"] += 1
+    answered = [r for r in rows if r["answer"] is not None]
+    distinct = [r for r in rows if r["first_of_answer"]]
+    by_kind = {
+        kind: {
+            "samples": sum(r["kind"] == kind for r in rows),
+            "answered": sum(r["kind"] == kind for r in answered),
+            "right": sum(r["kind"] == kind and r["label"] for r in rows),
+        }
+        for kind in sorted({r["kind"] for r in rows})
+    }
+    return {
+        "questions": len(by_question),
+        "samples": len(rows),
+        "answered": len(answered),
+        "right": sum(r["label"] for r in rows),
+        "distinct_answers": len(distinct),
+        "distinct_right": sum(r["label"] for r in distinct),
+        "questions_by_mix": dict(mix),
+        "by_kind": by_kind,
+    }
+
+
+def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", type=Path, default=GSM8K_TRAIN, help="items (*.norm.jsonl)")
+    parser.add_argument("--out", type=Path, help="sample lines (appended; a rerun resumes)")
+    parser.add_argument("--plans", type=int, default=4, help="plans per question (0-8)")
+    parser.add_argument("--prose", type=int, default=0, help="worked solutions per question (0-8)")
+    parser.add_argument("--offset", type=int, default=0, help="first item of the file to consider")
+    parser.add_argument("--limit", type=int, default=None, help="questions to sample this run")
+    parser.add_argument(
+        "--exclude",
+        type=Path,
+        nargs="*",
+        default=[DEV_SPLIT],
+        help="files whose item ids are never sampled (default: the GSM8K train dev split)",
+    )
+    parser.add_argument("--max-seconds", type=float, default=0.0, help="stop after (0: no limit)")
+    parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument("--report", type=Path, nargs="+", help="print the label balance and exit")
+    args = parser.parse_args(argv)
+    if args.report is None:
+        if args.out is None:
+            parser.error("--out is required to sample")
+        if not (0 <= args.plans <= 8 and 0 <= args.prose <= 8) or args.plans + args.prose == 0:
+            parser.error("--plans and --prose are 0-8 each, and at least one sample is needed")
+    return args
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.report is not None:
+        print(json.dumps(report(args.report), indent=2))
+        return 0
+    sampled = asyncio.run(run(args))
+    print(json.dumps({"sampled": sampled, **report([args.out])}, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
