@@ -21,15 +21,23 @@ answer calibrator is fitted on, are never sampled.
     python -m training.sample_pipeline --limit 400 --plans 4 --prose 2 \
         --out var/pipeline-samples/gsm8k-train.jsonl --max-seconds 9000
     python -m training.sample_pipeline --report var/pipeline-samples/gsm8k-train.jsonl
+    python -m training.sample_pipeline --claims var/verifier-pipeline-data \
+        --report var/pipeline-samples/gsm8k-train.jsonl
 
 `--report` gives the label balance: samples, distinct answers of a question, and
-questions whose samples are all right, all wrong or mixed (all of them count).
+questions whose samples are all right, all wrong or mixed (all of them count). With
+`--claims DIR` it also writes the labelled claims as the verifier's training scripts read
+them (`train.jsonl`, `val.jsonl`, `test.jsonl` and `recipe.json`, the layout
+`training.data` writes): each distinct claim once, every claim of a question in the same
+split (split by a seeded hash of the question id), so validation, calibration and test
+claims come from questions training never saw.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import hashlib
 import json
 import sys
 import time
@@ -317,6 +325,71 @@ def report(paths: list[Path]) -> dict[str, Any]:
     }
 
 
+@dataclass(frozen=True)
+class ClaimSplit:
+    """How sample files become the verifier's claim splits; saved as `recipe.json`."""
+
+    seed: int = 7  # the hash of (seed, question id) decides a question's split
+    val: float = 0.15  # share of questions whose claims go to val (calibration)
+    test: float = 0.15  # share of questions whose claims go to test (held out)
+
+
+def split_of(question_id: str, recipe: ClaimSplit) -> str:
+    digest = hashlib.sha256(f"{recipe.seed}:{question_id}".encode()).digest()
+    u = int.from_bytes(digest[:8], "big") / 2**64
+    return "val" if u < recipe.val else "test" if u < recipe.val + recipe.test else "train"
+
+
+def claim_rows(paths: list[Path], recipe: ClaimSplit) -> dict[str, list[dict[str, Any]]]:
+    """The labelled claims of sample files, each distinct claim once, split by question."""
+    splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
+    seen: set[tuple[str, str, str]] = set()
+    for path in paths:
+        for r in read_samples(path):
+            c = r["claim"]
+            if c is None:
+                continue  # no answer: the orchestrator never asks the verifier about it
+            key = (c["question"], c["statement"], c["context"])
+            if key in seen:
+                continue
+            seen.add(key)
+            rows = splits[split_of(r["id"], recipe)]
+            rows.append(
+                {
+                    "id": len(rows),
+                    **c,
+                    "label": bool(r["label"]),
+                    "kind": f"pipeline-{r['kind']}",
+                    "source": {"id": r["id"], "kind": r["kind"], "sample": r["sample"]},
+                }
+            )
+    return splits
+
+
+def write_claims(out: Path, paths: list[Path], recipe: ClaimSplit) -> dict[str, Any]:
+    from training.data import write_jsonl
+
+    splits = claim_rows(paths, recipe)
+    for name, rows in splits.items():
+        write_jsonl(out / f"{name}.jsonl", rows)
+    summary = {
+        name: {
+            "n": len(rows),
+            "true": sum(r["label"] for r in rows),
+            "kinds": dict(Counter(r["kind"] for r in rows)),
+            "questions": len({r["source"]["id"] for r in rows}),
+        }
+        for name, rows in splits.items()
+    }
+    record = {
+        "recipe": {"pipeline_samples": [str(p) for p in paths], **asdict(recipe)},
+        "sampler": RECIPE,
+        "summary": summary,
+    }
+    (out / "recipe.json").write_text(json.dumps(record, indent=2) + "\n")
+    return summary
+
+
 def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", type=Path, default=GSM8K_TRAIN, help="items (*.norm.jsonl)")
@@ -335,7 +408,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--max-seconds", type=float, default=0.0, help="stop after (0: no limit)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
     parser.add_argument("--report", type=Path, nargs="+", help="print the label balance and exit")
+    parser.add_argument("--claims", type=Path, help="with --report: write the claim splits here")
+    parser.add_argument("--split-seed", type=int, default=ClaimSplit.seed)
     args = parser.parse_args(argv)
+    if args.claims is not None and args.report is None:
+        parser.error("--claims needs --report FILES (the sample files to read)")
     if args.report is None:
         if args.out is None:
             parser.error("--out is required to sample")
@@ -348,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     if args.report is not None:
         print(json.dumps(report(args.report), indent=2))
+        if args.claims is not None:
+            summary = write_claims(args.claims, args.report, ClaimSplit(seed=args.split_seed))
+            print(json.dumps({"claims": str(args.claims), **summary}, indent=2))
         return 0
     sampled = asyncio.run(run(args))
     print(json.dumps({"sampled": sampled, **report([args.out])}, indent=2))

@@ -47,10 +47,10 @@ def items_file(tmp_path: Path, rows: list[tuple[str, str, str]]) -> Path:
     return path
 
 
-def planner(script: dict | None = None) -> PlannerService:
+def planner(script: dict | None = None, prose: dict | None = None) -> PlannerService:
     backend = ScriptedBackend(
         {q: [json.dumps(p) for p in plans] for q, plans in (script or PLANS).items()},
-        prose=PROSE,
+        prose=prose or PROSE,
     )
     return PlannerService(backend, PlannerSettings(backend="scripted", seed=5))
 
@@ -69,9 +69,11 @@ def args(tmp_path: Path, data: Path, *extra: str) -> object:
     )
 
 
-def sample(tmp_path: Path, data: Path, *extra: str, script: dict | None = None) -> list[dict]:
+def sample(
+    tmp_path: Path, data: Path, *extra: str, script: dict | None = None, prose: dict | None = None
+) -> list[dict]:
     a = args(tmp_path, data, *extra)
-    asyncio.run(sp.run(a, planner=planner(script), tools=ToolSwitch().factory()))
+    asyncio.run(sp.run(a, planner=planner(script, prose), tools=ToolSwitch().factory()))
     return list(sp.read_samples(a.out))
 
 
@@ -199,6 +201,45 @@ def test_the_report_counts_every_question_whatever_its_mix(tmp_path: Path) -> No
 
 
 @pytest.mark.unit
+def test_claims_are_written_once_each_with_every_claim_of_a_question_in_one_split(
+    tmp_path: Path,
+) -> None:
+    questions = [f"{Q_PLAN} (case {k})" for k in range(30)]
+    data = items_file(tmp_path, [(f"t-{k}", q, "72") for k, q in enumerate(questions)])
+    script = {q: PLANS[Q_PLAN] for q in questions}
+    prose = {q: [RIGHT, RIGHT, WRONG] for q in questions}  # the second 72 repeats the first
+    sample(tmp_path, data, "--plans", "2", "--prose", "3", script=script, prose=prose)
+    out = tmp_path / "claims"
+    assert sp.main(["--report", str(tmp_path / "out.jsonl"), "--claims", str(out)]) == 0
+    splits = {
+        n: [json.loads(x) for x in (out / f"{n}.jsonl").read_text().splitlines()]
+        for n in ("train", "val", "test")
+    }
+    every = [r for rows in splits.values() for r in rows]
+    # per question: plans 72 and 96, solutions 72 and 24 (the repeated solution once)
+    assert len(every) == 4 * 30
+    assert len({(r["question"], r["statement"], r["context"]) for r in every}) == len(every)
+    assert sum(r["label"] for r in every) == 2 * 30
+    by_question = {}
+    for name, rows in splits.items():
+        for r in rows:
+            by_question.setdefault(r["source"]["id"], set()).add(name)
+            assert set(r) >= {"question", "statement", "context", "label", "kind", "id"}
+            assert r["kind"] in ("pipeline-plan", "pipeline-prose")
+    assert len(by_question) == 30 and all(len(names) == 1 for names in by_question.values())
+    assert all(splits[name] for name in splits)  # 30 questions reach every split
+    # the split is a function of the question id and the seed
+    assert {sp.split_of(f"t-{k}", sp.ClaimSplit()) for k in range(200)} == {"train", "val", "test"}
+    recipe = json.loads((out / "recipe.json").read_text())
+    assert recipe["sampler"] == sp.RECIPE and recipe["recipe"]["seed"] == 7
+    assert sum(v["n"] for v in recipe["summary"].values()) == len(every)
+    # what the training script reads: train.jsonl rows with a label
+    from training.data import read_jsonl
+
+    assert read_jsonl(out / "train.jsonl") == splits["train"]
+
+
+@pytest.mark.unit
 @pytest.mark.parametrize(
     ("argv", "message"),
     [
@@ -206,6 +247,7 @@ def test_the_report_counts_every_question_whatever_its_mix(tmp_path: Path) -> No
         (["--out", "x", "--plans", "9"], "0-8 each"),
         (["--out", "x", "--prose", "-1"], "0-8 each"),
         (["--plans", "1"], "--out is required"),
+        (["--claims", "d"], "--claims needs --report"),
     ],
 )
 def test_bad_arguments_are_refused(
