@@ -63,6 +63,9 @@ class TrainConfig:
     time_budget_s: float = 0.0
     # --- machine and records
     threads: int = 1  # torch CPU threads (1 is fastest on a busy 2-core machine)
+    # Where the model trains: "cpu" here; "cuda" (or "cuda:N") for the production
+    # verifier, TinyLlama-1.1B, on a GPU (docs/benchmarks/verifier.md has the command).
+    device: str = "cpu"
     log_every: int = 10  # steps between log lines / train_log.jsonl records
 
     def __post_init__(self) -> None:
@@ -102,8 +105,21 @@ class TrainConfig:
             raise ValueError("lora_top_layers must be >= 0 (0 = every layer)")
         if self.threads < 1 or self.log_every < 1:
             raise ValueError("threads and log_every must be >= 1")
+        check_device(self.device)
         if not self.base_model_name:
             self.base_model_name = Path(self.base_model).resolve().name
+
+
+def check_device(device: str) -> None:
+    """Refuse a device torch cannot use here, before any model is loaded."""
+    try:
+        kind = torch.device(device).type
+    except RuntimeError as exc:
+        raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
+    if kind == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device {device!r} asks for a GPU, and torch sees none here")
+    if kind not in ("cpu", "cuda"):
+        raise ValueError(f"device {device!r}: use cpu or cuda[:N]")
 
 
 def top_layers(model: Any, n: int) -> list[int] | None:
@@ -200,6 +216,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     skipped = len(all_rows) - len(rows)
 
     base = AutoModelForCausalLM.from_pretrained(cfg.base_model, dtype=torch.float32)
+    base.to(cfg.device)
     lora = LoraConfig(
         r=cfg.lora_r,
         lora_alpha=cfg.lora_alpha,
@@ -234,7 +251,8 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
             break
         idx = plan[step]
         enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True)
-        labels = torch.tensor([float(rows[i]["label"]) for i in idx])
+        enc = {k: v.to(cfg.device) for k, v in enc.items()}
+        labels = torch.tensor([float(rows[i]["label"]) for i in idx], device=cfg.device)
         mask = enc["attention_mask"]
         position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
         logits = model(

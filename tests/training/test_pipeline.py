@@ -191,6 +191,21 @@ def test_config_checks_give_actionable_messages(tmp_path: Path) -> None:
 
 
 @pytest.mark.unit
+@pytest.mark.parametrize(
+    ("device", "message"),
+    [("tpu", "not a torch device"), ("meta", "use cpu or cuda"), ("cuda:0", "torch sees none")],
+)
+def test_a_device_torch_cannot_use_here_is_refused_before_loading(
+    device: str, message: str
+) -> None:
+    if device.startswith("cuda") and torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    with pytest.raises(ValueError, match=message):
+        train_lora.check_device(device)
+    train_lora.check_device("cpu")  # what this machine trains on
+
+
+@pytest.mark.unit
 def test_metrics_on_known_values() -> None:
     labels = [True, False, True, False]
     assert metrics.auroc([0.9, 0.1, 0.8, 0.2], labels) == 1.0
