@@ -30,7 +30,8 @@ questions whose samples are all right, all wrong or mixed (all of them count). W
 them (`train.jsonl`, `val.jsonl`, `test.jsonl` and `recipe.json`, the layout
 `training.data` writes): each distinct claim once, every claim of a question in the same
 split (split by a seeded hash of the question id), so validation, calibration and test
-claims come from questions training never saw.
+claims come from questions training never saw; `--claims-split gsm8k_test` puts every
+claim of the files in that one split instead (claims for reporting only).
 """
 
 from __future__ import annotations
@@ -79,7 +80,7 @@ class Sample:
     dataset: str
     kind: str  # "plan" or "prose"
     sample: int  # its index among the question's samples of its kind (seeds follow it)
-    seed: int  # the planner's base seed; sample k of a kind is drawn with seed + k
+    seed: int  # the planner's base seed (PLANNER_SEED); sample k's own follows from it and k
     model: str
     answer: str | None  # as the pipeline would serve it (None: no answer)
     predicted: float | int | None  # the number the evaluation's rule reads from it
@@ -340,9 +341,13 @@ def split_of(question_id: str, recipe: ClaimSplit) -> str:
     return "val" if u < recipe.val else "test" if u < recipe.val + recipe.test else "train"
 
 
-def claim_rows(paths: list[Path], recipe: ClaimSplit) -> dict[str, list[dict[str, Any]]]:
-    """The labelled claims of sample files, each distinct claim once, split by question."""
-    splits: dict[str, list[dict[str, Any]]] = {"train": [], "val": [], "test": []}
+def claim_rows(
+    paths: list[Path], recipe: ClaimSplit, only: str | None = None
+) -> dict[str, list[dict[str, Any]]]:
+    """The labelled claims of sample files, each distinct claim once, split by question
+    (`only`: every claim in that one split, e.g. `gsm8k_test` for reporting claims)."""
+    names = [only] if only else ["train", "val", "test"]
+    splits: dict[str, list[dict[str, Any]]] = {name: [] for name in names}
     seen: set[tuple[str, str, str]] = set()
     for path in paths:
         for r in read_samples(path):
@@ -353,7 +358,7 @@ def claim_rows(paths: list[Path], recipe: ClaimSplit) -> dict[str, list[dict[str
             if key in seen:
                 continue
             seen.add(key)
-            rows = splits[split_of(r["id"], recipe)]
+            rows = splits[only or split_of(r["id"], recipe)]
             rows.append(
                 {
                     "id": len(rows),
@@ -366,10 +371,12 @@ def claim_rows(paths: list[Path], recipe: ClaimSplit) -> dict[str, list[dict[str
     return splits
 
 
-def write_claims(out: Path, paths: list[Path], recipe: ClaimSplit) -> dict[str, Any]:
+def write_claims(
+    out: Path, paths: list[Path], recipe: ClaimSplit, only: str | None = None
+) -> dict[str, Any]:
     from training.data import write_jsonl
 
-    splits = claim_rows(paths, recipe)
+    splits = claim_rows(paths, recipe, only)
     for name, rows in splits.items():
         write_jsonl(out / f"{name}.jsonl", rows)
     summary = {
@@ -382,7 +389,7 @@ def write_claims(out: Path, paths: list[Path], recipe: ClaimSplit) -> dict[str, 
         for name, rows in splits.items()
     }
     record = {
-        "recipe": {"pipeline_samples": [str(p) for p in paths], **asdict(recipe)},
+        "recipe": {"pipeline_samples": [str(p) for p in paths], "only": only, **asdict(recipe)},
         "sampler": RECIPE,
         "summary": summary,
     }
@@ -407,9 +414,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     )
     parser.add_argument("--max-seconds", type=float, default=0.0, help="stop after (0: no limit)")
     parser.add_argument("--no-progress", dest="progress", action="store_false")
+    parser.add_argument(
+        "--log-level", default="WARNING", help="the services' log lines printed (ECS JSON)"
+    )
     parser.add_argument("--report", type=Path, nargs="+", help="print the label balance and exit")
     parser.add_argument("--claims", type=Path, help="with --report: write the claim splits here")
     parser.add_argument("--split-seed", type=int, default=ClaimSplit.seed)
+    parser.add_argument(
+        "--claims-split", help="every claim into this one split (e.g. gsm8k_test), not three"
+    )
     args = parser.parse_args(argv)
     if args.claims is not None and args.report is None:
         parser.error("--claims needs --report FILES (the sample files to read)")
@@ -426,9 +439,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.report is not None:
         print(json.dumps(report(args.report), indent=2))
         if args.claims is not None:
-            summary = write_claims(args.claims, args.report, ClaimSplit(seed=args.split_seed))
+            summary = write_claims(
+                args.claims, args.report, ClaimSplit(seed=args.split_seed), args.claims_split
+            )
             print(json.dumps({"claims": str(args.claims), **summary}, indent=2))
         return 0
+    from services.logging import configure_logging
+
+    configure_logging("sample_pipeline", log_dir=None, level=args.log_level, fmt="json")
     sampled = asyncio.run(run(args))
     print(json.dumps({"sampled": sampled, **report([args.out])}, indent=2))
     return 0

@@ -237,6 +237,20 @@ def test_claims_are_written_once_each_with_every_claim_of_a_question_in_one_spli
     from training.data import read_jsonl
 
     assert read_jsonl(out / "train.jsonl") == splits["train"]
+    # reporting claims: every one in the one split named
+    only = tmp_path / "only"
+    sp.main(
+        [
+            "--report",
+            str(tmp_path / "out.jsonl"),
+            "--claims",
+            str(only),
+            "--claims-split",
+            "gsm8k_test",
+        ]
+    )
+    assert [p.name for p in sorted(only.iterdir())] == ["gsm8k_test.jsonl", "recipe.json"]
+    assert len(read_jsonl(only / "gsm8k_test.jsonl")) == len(every)
 
 
 @pytest.mark.unit
