@@ -181,6 +181,8 @@ class ReasonRunner:
             agreement=data.get("agreement"),
             trace_id=data.get("trace_id"),
         )
+        if data.get("replanning"):  # every round, when the request replanned
+            record["replanning"] = data["replanning"]
         record["latency_ms"] = {
             "plan": timings.get("plan"),
             "solve": timings.get("solve") if self.options.get("n_prose") else None,

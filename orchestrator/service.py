@@ -54,6 +54,8 @@ from services.schemas import (
     PlanResponse,
     ReasonRequest,
     ReasonResponse,
+    ReplanReason,
+    RoundSummary,
     Signals,
     Solution,
     SolveResponse,
@@ -77,7 +79,6 @@ REPLANS = Counter("reason_replans_total", "Replanning rounds", ["reason"])
 PLANS_DRAWN = Counter("reason_plans_drawn_total", "Plans drawn and executed", ["batch"])
 
 UNVERIFIED_CONFIDENCE = 0.5
-ReplanReason = Literal["no_answer", "rejected", "low_agreement"]
 REPLAN_REASONS: tuple[ReplanReason, ...] = ("no_answer", "rejected", "low_agreement")
 LOW_AGREEMENT = 0.5  # the served answer has fewer than half of the round's plans
 VERIFY_MIN_BUDGET_S = 0.05
@@ -246,9 +247,9 @@ class ReasonService:
             trace_id, tenant, on_step, ToolBudget(self.max_tool_calls), limits_tenant or tenant
         )
         timings = dict.fromkeys(STAGES, 0.0)
-        chosen, rounds = await self._rounds(request, deadline, timings, run)
+        chosen, summaries = await self._rounds(request, deadline, timings, run)
         total_ms = (time.perf_counter() - started) * 1000
-        response = self._response(request, chosen, rounds, timings, total_ms, trace_id)
+        response = self._response(request, chosen, summaries, timings, total_ms, trace_id)
         _observe(response, timings, total_ms)
         if request.options.use_cache and _cacheable(response, chosen):
             await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
@@ -277,21 +278,22 @@ class ReasonService:
 
     async def _rounds(
         self, request: ReasonRequest, deadline: float, timings: dict[str, float], run: Run
-    ) -> tuple[Outcome, int]:
+    ) -> tuple[Outcome, list[RoundSummary]]:
         """Run rounds until one leaves no replan reason in `replan_on`, the replans are
         used up, or the budget or the time for another round is; return the most trusted
         round (when every round is rejected, the answer served is the one the verifier
-        trusted most, not whatever the last replan produced) and how many rounds ran."""
+        trusted most, not whatever the last replan produced) and a summary of each round
+        run."""
         chosen: Outcome | None = None
         feedback: str | None = None
         reason: ReplanReason | None = None  # why the round about to run is a replan
-        rounds = 0
+        summaries: list[RoundSummary] = []
         for round_no in range(self.max_replans + 1):
             if round_no > 0 and not self._another_round_fits(deadline, timings, run, round_no):
                 break
-            rounds = round_no + 1
             if reason is not None:
                 REPLANS.labels(reason).inc()
+            started = time.perf_counter()
             try:
                 attempts = await self._round(
                     request, deadline, feedback, timings, run, prose=round_no == 0
@@ -300,7 +302,8 @@ class ReasonService:
                 if chosen is not None:  # keep the answer we have; the replan just failed
                     break
                 raise
-            outcome = self._outcome(attempts, rounds)
+            outcome = self._outcome(attempts, round_no + 1)
+            summaries.append(_summary(outcome, reason, time.perf_counter() - started))
             if chosen is None or outcome.trust > chosen.trust:
                 chosen = outcome
             due = [r for r in outcome.replan_reasons() if r in self.replan_on]
@@ -309,7 +312,7 @@ class ReasonService:
             reason = due[0]
             feedback = describe_failure(outcome.best, reason, attempts)
         assert chosen is not None
-        return chosen, rounds
+        return chosen, summaries
 
     def _another_round_fits(
         self, deadline: float, timings: dict[str, float], run: Run, rounds_done: int
@@ -333,14 +336,16 @@ class ReasonService:
         self,
         request: ReasonRequest,
         chosen: Outcome,
-        rounds: int,
+        summaries: list[RoundSummary],
         timings: dict[str, float],
         total_ms: float,
         trace_id: str,
     ) -> ReasonResponse:
         """The response serving the chosen round's answer: with its plan's steps, or its
-        solution, and the vote when there was one to show."""
+        solution, the vote when there was one to show, and every round when there were
+        several."""
         best = chosen.best
+        rounds = len(summaries)
         options = request.options
         shows_vote = options.n_plans > 1 or bool(options.n_prose) or rounds > 1
         return ReasonResponse(
@@ -354,6 +359,7 @@ class ReasonService:
             solution=best.solution,
             cached=False,
             agreement=_agreement(chosen, rounds) if shows_vote else None,
+            replanning=summaries if rounds > 1 else None,
             timings_ms=Timings(
                 **{stage: round(ms, 3) for stage, ms in timings.items()}, total=round(total_ms, 3)
             ),
@@ -662,6 +668,19 @@ def claim(question: str, attempt: Attempt | Execution) -> dict[str, str]:
         return solution_claim(question, attempt.solution.answer, attempt.solution.text)
     plan = execution.plan
     return plan_claim(question, execution.answer, plan.reasoning, execution.steps, plan.answer_step)
+
+
+def _summary(outcome: Outcome, replan_for: ReplanReason | None, seconds: float) -> RoundSummary:
+    return RoundSummary(
+        replan_for=replan_for,
+        answer=_vote_answer(outcome.best.answer),
+        samples=len(outcome.attempts),
+        agreeing=outcome.agreeing,
+        confidence=round(outcome.confidence, 6),
+        verdict=outcome.verdict,
+        replan_reasons=outcome.replan_reasons(),
+        ms=round(seconds * 1000, 3),
+    )
 
 
 def _vote_answer(answer: str | None) -> str | None:

@@ -232,6 +232,26 @@ class Agreement(Wire):
     votes: list[Vote] = Field(default_factory=list, max_length=8)
 
 
+ReplanReason = Literal["no_answer", "rejected", "low_agreement"]
+
+
+class RoundSummary(Wire):
+    """One round of a request that replanned: its vote, how it would have been served,
+    why it was worth another round, and what it cost."""
+
+    # why this round ran: None for the first, else the previous round's reason
+    replan_for: ReplanReason | None = None
+    answer: Annotated[str, StringConstraints(max_length=VOTE_ANSWER_CHARS + 1)] | None
+    samples: int  # plans and solutions voting in this round
+    agreeing: int
+    confidence: Annotated[float, Field(ge=0, le=1)]  # calibrated, as it would be served
+    verdict: Verdict
+    # every reason the round was worth another (only those in the service's
+    # `replan_on` start one)
+    replan_reasons: list[ReplanReason] = Field(default_factory=list, max_length=3)
+    ms: float  # wall time of the round: planning, solving, executing, verifying
+
+
 class Signals(Wire):
     """What the served confidence is computed from (orchestrator.confidence)."""
 
@@ -259,6 +279,9 @@ class ReasonResponse(Wire):
     cached: bool = False
     cached_trace_id: str | None = None
     agreement: Agreement | None = None
+    # present when the request replanned: every round in the order run (the one served
+    # is the most trusted, not always the last)
+    replanning: list[RoundSummary] | None = Field(default=None, max_length=8)
     timings_ms: Timings
 
 

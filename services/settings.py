@@ -15,6 +15,8 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.schemas import ReplanReason
+
 PLACEHOLDER_SECRETS = {"changeme", "change-me", "secret", "password", "xxx", "todo", "test"}
 
 
@@ -169,7 +171,7 @@ class OrchestratorSettings(CommonSettings):
     # Only `no_answer` by default: replanning rejected answers cost the 0.5B pipeline 3x
     # the latency for 0.5 points on GSM8K test (docs/eval), and the verifier rejects right
     # answers as often as wrong ones on the dev split (docs/eval/dev).
-    replan_on: list[Literal["no_answer", "rejected", "low_agreement"]] = ["no_answer"]
+    replan_on: list[ReplanReason] = ["no_answer"]
     # API keys -> tenant, as JSON: {"key": "tenant"}. Empty = no auth, tenant "default".
     api_keys: dict[str, str] = Field(default_factory=dict)
     # Per tenant (with no API keys: every caller together is the one tenant "default"):

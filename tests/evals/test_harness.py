@@ -226,3 +226,30 @@ async def test_reason_runner_maps_failures() -> None:
     assert slow["error"].startswith("503 dependency_unavailable") and slow["schema_valid"] is None
     assert bad["error"].startswith("502 planning_failed") and bad["schema_valid"] is False
     assert bad["trace_id"] == "b" * 32 and bad["correct"] is False
+
+
+async def test_reason_runner_keeps_every_round_of_a_replanned_request() -> None:
+    import httpx
+
+    from evals.modes import ReasonRunner
+
+    rounds = [
+        {"replan_for": None, "answer": None, "samples": 1, "agreeing": 0, "confidence": 0.0,
+         "verdict": "unverified", "replan_reasons": ["no_answer"], "ms": 900.0},
+        {"replan_for": "no_answer", "answer": "3", "samples": 1, "agreeing": 1,
+         "confidence": 0.6, "verdict": "unverified", "replan_reasons": [], "ms": 800.0},
+    ]  # fmt: skip
+    base = {"trace_id": "c" * 32, "verdict": "unverified", "confidence": 0.6, "plan": None,
+            "steps": [], "timings_ms": {"total": 1700.0}}  # fmt: skip
+    replies = {"twice": {**base, "answer": "3", "replanning": rounds},
+               "once": {**base, "answer": "3", "replanning": None}}  # fmt: skip
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, json=replies[json.loads(request.content)["question"]])
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        run = ReasonRunner(client, "http://o", "plan+verify", dataset="d", model="m")
+        twice = await run(Item("1", "twice", 3, "3"))
+        once = await run(Item("2", "once", 3, "3"))
+    assert twice["replanning"] == rounds and twice["correct"] is True
+    assert "replanning" not in once

@@ -146,6 +146,17 @@ def test_when_every_round_is_rejected_the_most_trusted_answer_is_served(tmp_path
         assert body["answer"] == "5" and body["verdict"] == "rejected"
         assert body["confidence"] == pytest.approx(0.45)
         assert [s["input"] for s in body["steps"]] == ["2+3"]
+        # every round in the order run, each with why it ran and why it was not enough
+        rounds = body["replanning"]
+        assert [(r["replan_for"], r["answer"], r["verdict"]) for r in rounds] == [
+            (None, "5", "rejected"),
+            ("rejected", "6", "rejected"),
+            ("rejected", "7", "rejected"),
+        ]
+        assert [r["confidence"] for r in rounds] == pytest.approx([0.45, 0.2, 0.3])
+        assert all(r["replan_reasons"] == ["rejected"] for r in rounds)
+        assert all(r["samples"] == r["agreeing"] == 1 and r["ms"] > 0 for r in rounds)
+        assert sum(r["ms"] for r in rounds) <= body["timings_ms"]["total"]
 
 
 def test_an_accepted_replan_is_served_over_the_rejected_round(tmp_path) -> None:
@@ -158,6 +169,10 @@ def test_an_accepted_replan_is_served_over_the_rejected_round(tmp_path) -> None:
         body = ask(url, "q", use_cache=False)[0].json()
         assert body["answer"] == "6" and body["verdict"] == "verified"
         assert body["agreement"]["rounds"] == 2
+        assert [(r["answer"], r["replan_reasons"]) for r in body["replanning"]] == [
+            ("5", ["rejected"]),
+            ("6", []),
+        ]
 
 
 def test_the_served_rounds_vote_is_the_one_reported(tmp_path) -> None:

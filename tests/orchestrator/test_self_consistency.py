@@ -167,6 +167,7 @@ def test_replanning_follows_the_configured_reasons(tmp_path) -> None:
         body = ask(url, "q")
         assert body["answer"] == "5" and body["verdict"] == "rejected"
         assert len(planner.requests) == 1
+        assert body["replanning"] is None  # one round: nothing more to show
 
 
 @pytest.mark.integration
@@ -187,6 +188,14 @@ def test_low_agreement_is_replanned_with_the_disagreement_as_feedback(tmp_path) 
         }
         feedback = planner.requests[-1]["feedback"]
         assert "disagreed" in feedback and "'4' (1 of 5)" in feedback
+        first, second = body["replanning"]
+        assert (first["replan_for"], first["samples"], first["agreeing"]) == (None, 5, 1)
+        assert first["replan_reasons"] == ["low_agreement"]
+        assert (second["replan_for"], second["answer"], second["agreeing"]) == (
+            "low_agreement",
+            "6",
+            3,
+        )
 
 
 @pytest.mark.integration
