@@ -178,14 +178,21 @@ class VerifyBatchResponse(Wire):
 # --------------------------------------------------------------------------- orchestrator
 
 
+MAX_PLANS = 8  # plans a request may ask for (n_plans)
+MAX_PROSE = 8  # chain-of-thought solutions a request may ask for (n_prose)
+MAX_REPLANS = 5  # the most replanning rounds the orchestrator may be set to run
+# How many rounds one response can report: the first and every replan.
+MAX_ROUNDS = MAX_REPLANS + 1
+
+
 class ReasonOptions(Wire):
-    n_plans: Annotated[int, Field(ge=1, le=8)] = 1
+    n_plans: Annotated[int, Field(ge=1, le=MAX_PLANS)] = 1
     # With n_plans > 1: draw a majority of the plans first and the rest only when the
     # first ones' answers leave the vote open.
     adaptive: bool = True
     # Chain-of-thought solutions (the planner's /solve: the model on its own, no tools)
     # drawn beside the first round's plans; each is one vote, as an executed plan is.
-    n_prose: Annotated[int, Field(ge=0, le=8)] = 0
+    n_prose: Annotated[int, Field(ge=0, le=MAX_PROSE)] = 0
     verify: bool = True
     use_cache: bool = True
     deadline_s: Annotated[float, Field(ge=0.1, le=120)] = 30.0
@@ -229,7 +236,8 @@ class Agreement(Wire):
     plans: int
     agreeing: int
     rounds: int = 1
-    votes: list[Vote] = Field(default_factory=list, max_length=8)
+    # every plan and every solution of the round: up to n_plans + n_prose
+    votes: list[Vote] = Field(default_factory=list, max_length=MAX_PLANS + MAX_PROSE)
 
 
 ReplanReason = Literal["no_answer", "rejected", "low_agreement"]
@@ -281,7 +289,7 @@ class ReasonResponse(Wire):
     agreement: Agreement | None = None
     # present when the request replanned: every round in the order run (the one served
     # is the most trusted, not always the last)
-    replanning: list[RoundSummary] | None = Field(default=None, max_length=8)
+    replanning: list[RoundSummary] | None = Field(default=None, max_length=MAX_ROUNDS)
     timings_ms: Timings
 
 

@@ -15,7 +15,7 @@ from typing import Any, Literal
 from pydantic import Field, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from services.schemas import ReplanReason
+from services.schemas import MAX_REPLANS, ReplanReason
 
 PLACEHOLDER_SECRETS = {"changeme", "change-me", "secret", "password", "xxx", "todo", "test"}
 
@@ -164,7 +164,7 @@ class OrchestratorSettings(CommonSettings):
     # cache directory), built from the seed when the file is missing.
     database_url: str | None = None
     sqlite_path: Path | None = None
-    max_replans: int = Field(default=2, ge=0, le=5)
+    max_replans: int = Field(default=2, ge=0, le=MAX_REPLANS)
     # Why a round is replanned (orchestrator.service): its plans gave no answer
     # (`no_answer`), the answer is served as rejected (`rejected`), fewer than half of the
     # round's plans agree with it (`low_agreement`). As JSON: ["no_answer", "rejected"].

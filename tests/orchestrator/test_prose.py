@@ -162,3 +162,15 @@ def test_n_prose_is_bounded(tmp_path) -> None:
     with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
         r = reason(url, "q", n_prose=9)
     assert r.status_code == 422 and r.json()["error"]["param"] == "options.n_prose"
+
+
+def test_every_vote_is_reported_when_plans_and_solutions_pass_eight(tmp_path) -> None:
+    """n_plans and n_prose may be 8 each: the vote lists all 16 samples (a response
+    bound of 8 votes used to turn such a request into a 500 after all its work)."""
+    plans = [calc("70+2")] * 8
+    planner = FakePlanner({"q": [plans]}, prose={"q": [WORKED] * 8})
+    with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
+        body = ok(url, "q", n_plans=8, n_prose=8, adaptive=False, use_cache=False)
+    assert body["answer"] == "72"
+    assert body["agreement"]["plans"] == 16 and body["agreement"]["agreeing"] == 16
+    assert len(body["agreement"]["votes"]) == 16
