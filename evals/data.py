@@ -10,6 +10,7 @@ the writer starts a fresh line before appending.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -125,6 +126,13 @@ class ResultWriter:
     def write(self, record: dict[str, Any]) -> None:
         self._file.write(json.dumps(record, ensure_ascii=False) + "\n")
         self._file.flush()
+
+    def write_all(self, records: list[dict[str, Any]]) -> None:
+        """Append the lines of several records in one `write(2)` on the append-only file,
+        so a killed process leaves all of them or none (at worst a torn last line)."""
+        data = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in records)
+        self._file.flush()
+        os.write(self._file.fileno(), data.encode("utf-8"))
 
     def close(self) -> None:
         self._file.close()

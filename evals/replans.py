@@ -17,7 +17,8 @@ The gain is the right answers R adds (right after, wrong before) less those it l
 and its cost the second rounds' wall time. One caveat: the second round is drawn with
 the feedback of the first reason in the order `no_answer`, `rejected`, `low_agreement`,
 so for an item with two reasons the replay of the later one uses the earlier one's
-feedback.
+feedback. A round's answer is read from the response's summary of it, cut to 200
+characters like every vote. A line with more than two rounds is refused.
 
     python -m evals.replans docs/eval/dev/1.5b-replan-study.jsonl
 """
@@ -62,7 +63,12 @@ def replay(records: Sequence[dict[str, Any]]) -> dict[str, Any]:
         base += first_right
         if len(rounds) < 2:
             continue
-        first, second = rounds[0], rounds[1]
+        if len(rounds) > 2:
+            raise ValueError(
+                f"item {r['id']} ran {len(rounds)} rounds: replay needs a run with one "
+                "replan at most (ORCH_MAX_REPLANS=1)"
+            )
+        first, second = rounds
         served = max(first, second, key=trust)  # max keeps the first of equals
         delta = int(right(served, r["gold"])) - int(first_right)
         for rule in first["replan_reasons"]:
@@ -97,7 +103,11 @@ def main(argv: list[str] | None = None) -> int:
     if not records:
         print("no result lines", file=sys.stderr)
         return 1
-    print(json.dumps(replay(records), indent=2))
+    try:
+        print(json.dumps(replay(records), indent=2))
+    except ValueError as exc:
+        print(exc, file=sys.stderr)
+        return 2
     return 0
 
 

@@ -298,10 +298,12 @@ class ReasonService:
                 attempts = await self._round(
                     request, deadline, feedback, timings, run, prose=round_no == 0
                 )
-            except (DependencyUnavailable, DeadlineExceeded, PlanningFailed):
-                if chosen is not None:  # keep the answer we have; the replan just failed
-                    break
-                raise
+            except (DependencyUnavailable, DeadlineExceeded, PlanningFailed) as exc:
+                if chosen is None:
+                    raise
+                # keep the answer we have; the replan just failed (and still took time)
+                summaries.append(_failed_round(reason, exc, time.perf_counter() - started))
+                break
             outcome = self._outcome(attempts, round_no + 1)
             summaries.append(_summary(outcome, reason, time.perf_counter() - started))
             if chosen is None or outcome.trust > chosen.trust:
@@ -680,6 +682,21 @@ def _summary(outcome: Outcome, replan_for: ReplanReason | None, seconds: float) 
         verdict=outcome.verdict,
         replan_reasons=outcome.replan_reasons(),
         ms=round(seconds * 1000, 3),
+    )
+
+
+def _failed_round(
+    replan_for: ReplanReason | None, exc: ServiceError, seconds: float
+) -> RoundSummary:
+    return RoundSummary(
+        replan_for=replan_for,
+        answer=None,
+        samples=0,
+        agreeing=0,
+        confidence=0.0,
+        verdict="unverified",
+        ms=round(seconds * 1000, 3),
+        error=exc.error_type,
     )
 
 

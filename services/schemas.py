@@ -258,6 +258,9 @@ class RoundSummary(Wire):
     # `replan_on` start one)
     replan_reasons: list[ReplanReason] = Field(default_factory=list, max_length=3)
     ms: float  # wall time of the round: planning, solving, executing, verifying
+    # a replanning round that failed (no plan could be made, the planner was down or
+    # slow): the error's type; the answer served then comes from an earlier round
+    error: str | None = None
 
 
 class Signals(Wire):

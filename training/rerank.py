@@ -5,7 +5,7 @@ GSM8K test questions, which no training or calibration saw), the first `k` sampl
 the orchestrator would draw them (plans first, then worked solutions, each in sample
 order) are answered four ways:
 
-- `first`: the first sample alone (what `n_plans=1` serves);
+- `first`: the first sample alone (one plan, before any replanning);
 - `majority`: the answer most samples agree on, a tie to the one drawn first (the
   orchestrator's vote without the verifier);
 - `best`: the answer of the sample the verifier scores highest (verifier-ranked best-of-k);
@@ -14,7 +14,9 @@ order) are answered four ways:
 and `oracle` counts questions where some sample is right (the headroom of any choice).
 Each distinct claim is scored once by the verifier's model (base model with or without
 the adapter; the adapter's `calibration.json` turns its logit into a probability, as the
-verifier service does) and AUROC, ECE and Brier are reported over those claims.
+verifier service's model method does; the service's symbolic checks, which decide some
+claims before the model, are left out) and AUROC, ECE and Brier are reported over those
+claims.
 
     python -m training.rerank --samples training/samples/qwen2.5-coder-1.5b-instruct/gsm8k-test.jsonl \\
         --base-model ~/.cache/reason/models/smollm2-135m-instruct/hf \\
@@ -120,8 +122,9 @@ def rerank(
 
 
 def model_scorer(base_model: str, adapter: str | None, threads: int = 1) -> Scorer:
-    """The verifier's model as the service runs it: logit(TRUE) - logit(FALSE), through the
-    adapter's calibration (temperature and bias) when it has one."""
+    """The verifier's model as the service's model method runs it: logit(TRUE) -
+    logit(FALSE), through the adapter's calibration (temperature and bias) when it has
+    one."""
     from training.evaluate import read_calibration
     from training.scoring import load_model, load_tokenizer, prompt_format, score_rows, set_threads
 

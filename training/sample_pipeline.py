@@ -12,9 +12,12 @@ against the gold answer by the evaluation's one rule (`evals.extract`), and its 
 written by `orchestrator.service.claim`, the function the orchestrator asks the verifier
 with, so the verifier is trained on the bytes it is later asked about.
 
-Output: one JSON line per sample (`Sample`), a question's lines written together once
-all its samples are done. A rerun skips the questions already in the file, so a stopped
-run (Ctrl-C, a session's end, `--max-seconds`) resumes where it stopped. Questions the
+Output: one JSON line per sample (`Sample`), a question's lines appended in one write
+once all its samples are done, so a killed run leaves a question whole or absent. A rerun
+skips the questions already in the file, so a stopped run (Ctrl-C, a session's end,
+`--max-seconds`) resumes where it stopped. A question no valid plan can be made for is
+written with samples that have no answer (labelled wrong: the orchestrator would have
+none either); a planner that fails otherwise leaves the question out, for a rerun. Questions the
 planner's prompts show as examples, and by default the dev split the orchestrator's
 answer calibrator is fitted on, are never sampled.
 
@@ -53,12 +56,13 @@ from evals.data import Item, ResultWriter, iter_records, load_items
 from evals.datasets import GSM8K_TRAIN
 from evals.extract import extract_number, is_correct
 from orchestrator.executor import Execution, PlanExecutor
+from orchestrator.limits import ToolBudget
 from orchestrator.service import Attempt, claim
 from planner.prompting import few_shot
 from planner.prose import prose_prompt
 from planner.service import PlannerService
 from services.answers import answer_key
-from services.errors import ServiceError
+from services.errors import PlanningFailed, ServiceError
 from services.schemas import PlanRequest, Solution, SolveRequest
 from services.settings import OrchestratorSettings, PlannerSettings
 
@@ -80,7 +84,7 @@ class Sample:
     dataset: str
     kind: str  # "plan" or "prose"
     sample: int  # its index among the question's samples of its kind (seeds follow it)
-    seed: int  # the planner's base seed (PLANNER_SEED); sample k's own follows from it and k
+    seed: int  # the planner's base seed (PLANNER_SEED), which with the question decides its samples
     model: str
     answer: str | None  # as the pipeline would serve it (None: no answer)
     predicted: float | int | None  # the number the evaluation's rule reads from it
@@ -141,8 +145,16 @@ class Sampler:
     """Draws and labels one question's samples with the planner service and the
     orchestrator's executor."""
 
-    def __init__(self, planner: PlannerService, executor: PlanExecutor, *, dataset: str) -> None:
+    def __init__(
+        self,
+        planner: PlannerService,
+        executor: PlanExecutor,
+        *,
+        dataset: str,
+        max_tool_calls: int = OrchestratorSettings().max_tool_calls_per_request,
+    ) -> None:
         self.planner = planner
+        self.max_tool_calls = max_tool_calls
         self.executor = executor
         self.dataset = dataset
 
@@ -179,21 +191,26 @@ class Sampler:
         }
 
     async def _plans(self, item: Item, n: int) -> list[Sample]:
+        """`n` plan samples, executed as the orchestrator executes a request's plans (one
+        tool-call budget for all of them). A question no valid plan can be made for gives
+        `n` samples without an answer, as does each plan the planner could not make;
+        any other planner failure is raised (the question is not written)."""
         if n == 0:
             return []
         request = PlanRequest(question=item.question, n=n, distinct=False)
         try:
-            plans = (await self.planner.plan(request)).plans
-        except ServiceError as exc:
-            return [
-                Sample(**self._base(item, "plan", k, None), claim=None, error=exc.message)
-                for k in range(n)
-            ]
+            plans = (await self.planner.plan(request)).plans[:n]
+        except PlanningFailed as exc:
+            return [self._no_plan(item, k, exc.message) for k in range(n)]
         loop = asyncio.get_running_loop()
+        budget = ToolBudget(self.max_tool_calls)
         executions: list[Execution] = await asyncio.gather(
-            *(self.executor.run(p, deadline=loop.time() + EXECUTE_TIMEOUT_S) for p in plans)
+            *(
+                self.executor.run(p, deadline=loop.time() + EXECUTE_TIMEOUT_S, budget=budget)
+                for p in plans
+            )
         )
-        return [
+        samples = [
             Sample(
                 **self._base(item, "plan", k, e.answer),
                 claim=claim(item.question, e) if e.answer is not None else None,
@@ -202,6 +219,11 @@ class Sampler:
             )
             for k, e in enumerate(executions)
         ]
+        missing = f"the planner made {len(plans)} valid plans of the {n} asked for"
+        return samples + [self._no_plan(item, k, missing) for k in range(len(plans), n)]
+
+    def _no_plan(self, item: Item, k: int, error: str) -> Sample:
+        return Sample(**self._base(item, "plan", k, None), claim=None, error=error)
 
     async def _solutions(self, item: Item, n: int) -> list[Sample]:
         if n == 0:
@@ -260,7 +282,7 @@ async def run(
     if not planner.ready:
         raise SystemExit(f"the planner model did not load: {planner.load_error}")
     started = time.monotonic()
-    sampled = 0
+    sampled = failed = 0
     bar = None
     if args.progress:
         from tqdm import tqdm
@@ -269,7 +291,12 @@ async def run(
     try:
         async with AsyncExitStack() as stack:
             executor = await make_executor(stack, tools)
-            sampler = Sampler(planner, executor, dataset=dataset_name(args.data))
+            sampler = Sampler(
+                planner,
+                executor,
+                dataset=dataset_name(args.data),
+                max_tool_calls=OrchestratorSettings().max_tool_calls_per_request,
+            )
             with ResultWriter(args.out) as writer:
                 for item in todo:
                     if (
@@ -279,9 +306,13 @@ async def run(
                     ):
                         print(f"time is up after {sampled} questions; rerun to resume")
                         break
-                    samples = await sampler.sample(item, args.plans, args.prose)
-                    for s in samples:
-                        writer.write(asdict(s))
+                    try:
+                        samples = await sampler.sample(item, args.plans, args.prose)
+                    except ServiceError as exc:  # a planner failure, not the question's
+                        failed += 1
+                        print(f"{item.id}: not sampled ({exc.message}); a rerun retries it")
+                        continue
+                    writer.write_all([asdict(s) for s in samples])
                     sampled += 1
                     if bar is not None:
                         right = sum(s.label for s in samples)
@@ -291,6 +322,8 @@ async def run(
         if bar is not None:
             bar.close()
         await planner.backend.close()
+    if failed:
+        print(f"{failed} questions were not sampled for planner failures; rerun to retry them")
     return sampled
 
 

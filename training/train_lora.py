@@ -118,6 +118,9 @@ def check_device(device: str) -> None:
         raise ValueError(f"device {device!r} is not a torch device: {exc}") from None
     if kind == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device {device!r} asks for a GPU, and torch sees none here")
+    index = torch.device(device).index
+    if kind == "cuda" and index is not None and index >= torch.cuda.device_count():
+        raise ValueError(f"device {device!r}: torch sees {torch.cuda.device_count()} GPUs")
     if kind not in ("cpu", "cuda"):
         raise ValueError(f"device {device!r}: use cpu or cuda[:N]")
 

@@ -86,3 +86,22 @@ def test_the_command_reads_the_last_line_of_each_item(tmp_path: Path, capsys) ->
     assert replans.main([str(path)]) == 0
     got = json.loads(capsys.readouterr().out)
     assert got["items"] == 1 and got["rules"]["no_answer"]["gained"] == 1
+
+
+def test_a_run_with_more_than_one_replan_is_refused(tmp_path: Path, capsys) -> None:
+    three = record("x", 1, [rnd("1", reasons=["rejected"]), rnd("2", reasons=["rejected"]),
+                            rnd("3")], True)  # fmt: skip
+    with pytest.raises(ValueError, match="ORCH_MAX_REPLANS=1"):
+        replans.replay([three])
+    path = tmp_path / "run.jsonl"
+    path.write_text(json.dumps(three) + "\n")
+    assert replans.main([str(path)]) == 2
+    assert "ORCH_MAX_REPLANS=1" in capsys.readouterr().err
+
+
+def test_a_failed_second_round_costs_its_time_and_changes_no_answer() -> None:
+    failed = {**rnd(None, confidence=0.0, agreeing=0, samples=0, ms=5000.0), "error": "x"}
+    got = replans.replay([record("f", 9, [rnd("9", "rejected", 0.4, reasons=["rejected"]),
+                                          failed], True)])  # fmt: skip
+    assert got["rules"]["rejected"]["replanned"] == 1
+    assert (got["rules"]["rejected"]["net"], got["rules"]["rejected"]["seconds"]) == (0, 5.0)

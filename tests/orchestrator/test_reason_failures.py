@@ -364,3 +364,21 @@ def test_redis_going_away_mid_run_and_coming_back(tmp_path, spare_redis) -> None
             if "redis unavailable" in line
         ]
         assert warnings and all(w["log.level"] == "warning" for w in warnings)
+
+
+def test_a_replan_that_fails_is_reported_and_the_first_round_served(tmp_path) -> None:
+    # round 2's only plan names a tool the orchestrator does not have: no plan passes
+    rounds = [[plan(("s1", "calc", "2+3", []))], [plan(("s1", "nope", "2+4", []))]]
+    planner = FakePlanner({"q": rounds})
+    verifier = FakeVerifier(by_answer={"5": 0.2})
+    with orchestrator_stack(
+        tmp_path, planner, verifier, max_replans=1, replan_on=REPLAN_REJECTED
+    ) as url:
+        body = ask(url, "q", use_cache=False)[0].json()
+    assert body["answer"] == "5" and body["verdict"] == "rejected"
+    assert body["agreement"]["rounds"] == 2 and body["signals"]["rounds"] == 2
+    first, failed = body["replanning"]
+    assert (first["answer"], first["error"]) == ("5", None)
+    assert failed["replan_for"] == "rejected" and failed["answer"] is None
+    assert (failed["samples"], failed["error"]) == (0, "planning_failed")
+    assert failed["ms"] > 0
