@@ -213,6 +213,15 @@ def print_answer(data: dict[str, Any]) -> None:
             f"[dim]{agreement['agreeing']} of {agreement['plans']} votes agree"
             + (f": {votes}" if votes else "")
         )
+    for k, r in enumerate(data.get("replanning") or [], 1):  # a request that replanned
+        why = f" (replanned: {r['replan_for']})" if r.get("replan_for") else ""
+        outcome = (
+            f"failed: {r['error']}"
+            if r.get("error")
+            else f"{_clip(str(r['answer']), 20)} {r['verdict']} {r['confidence']:.2f}, "
+            f"{r['agreeing']} of {r['samples']} agree"
+        )
+        console.print(f"[dim]round {k}{why}: {outcome}, {r['ms']:.0f} ms")
     if data.get("solution"):  # an answer only the chain-of-thought solutions gave
         console.print(f"[dim]worked solution:[/dim]\n{data['solution']['text']}")
     if data.get("plan"):

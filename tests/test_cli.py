@@ -148,3 +148,60 @@ def test_an_answer_only_prose_gave_is_printed_with_its_solution_and_the_vote(
     text = out.getvalue()
     assert "2 of 3 votes agree: plan 96, prose 72, prose 72" in text
     assert "48 + 24 = 72." in text and "solve 12 ms" in text
+
+
+def test_every_round_of_a_request_that_replanned_is_printed(monkeypatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    import cli.main as main
+
+    out = io.StringIO()
+    monkeypatch.setattr(main, "console", Console(file=out, width=200))
+    summary = {"samples": 1, "agreeing": 1, "replan_reasons": [], "error": None}
+    main.print_answer(
+        {
+            "trace_id": "t" * 32,
+            "answer": "6",
+            "verdict": "verified",
+            "confidence": 0.9,
+            "plan": None,
+            "steps": [],
+            "replanning": [
+                {
+                    **summary,
+                    "replan_for": None,
+                    "answer": "5",
+                    "verdict": "rejected",
+                    "confidence": 0.2,
+                    "replan_reasons": ["rejected"],
+                    "ms": 1200.0,
+                },
+                {
+                    **summary,
+                    "replan_for": "rejected",
+                    "answer": "6",
+                    "verdict": "verified",
+                    "confidence": 0.9,
+                    "ms": 900.0,
+                },
+                {
+                    **summary,
+                    "replan_for": "rejected",
+                    "answer": None,
+                    "verdict": "unverified",
+                    "confidence": 0.0,
+                    "samples": 0,
+                    "agreeing": 0,
+                    "ms": 40.0,
+                    "error": "planning_failed",
+                },
+            ],
+            "timings_ms": {"total": 2140.0},
+        }
+    )
+    text = out.getvalue()
+    assert "round 1: 5 rejected 0.20, 1 of 1 agree, 1200 ms" in text
+    assert "round 2 (replanned: rejected): 6 verified 0.90, 1 of 1 agree, 900 ms" in text
+    assert "round 3 (replanned: rejected): failed: planning_failed, 40 ms" in text
