@@ -355,7 +355,9 @@ class ReasonService:
             answer=best.answer,
             verdict=chosen.verdict,
             confidence=round(chosen.confidence, 6),
-            signals=chosen.signals.model_copy(update={"rounds": rounds}),
+            # what the served confidence was computed from: the served round's own
+            # (the round it is, not how many ran: `agreement` and `replanning` say that)
+            signals=chosen.signals,
             plan=best.execution.plan if best.execution else None,
             steps=best.execution.steps if best.execution else [],
             solution=best.solution,

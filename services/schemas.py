@@ -272,7 +272,7 @@ class Signals(Wire):
     # states an answer
     complete: bool
     verifier: Annotated[float, Field(ge=0, le=1)] | None = None  # None: not asked / no reply
-    rounds: Annotated[int, Field(ge=1)] = 1
+    rounds: Annotated[int, Field(ge=1)] = 1  # the served round: 1 the first, 2 the first replan
 
 
 class ReasonResponse(Wire):

@@ -193,6 +193,7 @@ def test_the_served_rounds_vote_is_the_one_reported(tmp_path) -> None:
             "rounds": 2,
             "votes": votes("5", "5"),
         }
+        assert body["signals"]["rounds"] == 1  # the served round, as its confidence saw it
 
 
 def test_self_consistency_counts_executed_answers(tmp_path) -> None:
@@ -376,7 +377,9 @@ def test_a_replan_that_fails_is_reported_and_the_first_round_served(tmp_path) ->
     ) as url:
         body = ask(url, "q", use_cache=False)[0].json()
     assert body["answer"] == "5" and body["verdict"] == "rejected"
-    assert body["agreement"]["rounds"] == 2 and body["signals"]["rounds"] == 2
+    # two rounds ran; the served answer, and what its confidence was computed from, are
+    # the first round's
+    assert body["agreement"]["rounds"] == 2 and body["signals"]["rounds"] == 1
     first, failed = body["replanning"]
     assert (first["answer"], first["error"]) == ("5", None)
     assert failed["replan_for"] == "rejected" and failed["answer"] is None
