@@ -34,8 +34,9 @@ from typing import Any
 
 from evals.data import load_results
 from evals.extract import extract_number, is_correct
+from services.schemas import REPLAN_REASONS
 
-RULES = ("no_answer", "rejected", "low_agreement")
+RULES = REPLAN_REASONS  # the orchestrator's, in its order
 
 
 def trust(summary: dict[str, Any]) -> tuple[bool, bool, float, float]:

@@ -79,7 +79,6 @@ REPLANS = Counter("reason_replans_total", "Replanning rounds", ["reason"])
 PLANS_DRAWN = Counter("reason_plans_drawn_total", "Plans drawn and executed", ["batch"])
 
 UNVERIFIED_CONFIDENCE = 0.5
-REPLAN_REASONS: tuple[ReplanReason, ...] = ("no_answer", "rejected", "low_agreement")
 LOW_AGREEMENT = 0.5  # the served answer has fewer than half of the round's plans
 VERIFY_MIN_BUDGET_S = 0.05
 VERIFY_RESERVE_S = 2.5  # left for the verifier after more plans (the model verifier: ~2 s)

@@ -7,7 +7,7 @@ one base that rejects unknown fields. A schema change is one diff every service 
 from __future__ import annotations
 
 import re
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import BaseModel, ConfigDict, Field, StringConstraints, field_validator
 
@@ -241,6 +241,7 @@ class Agreement(Wire):
 
 
 ReplanReason = Literal["no_answer", "rejected", "low_agreement"]
+REPLAN_REASONS: tuple[ReplanReason, ...] = get_args(ReplanReason)  # most serious first
 
 
 class RoundSummary(Wire):
