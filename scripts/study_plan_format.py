@@ -27,6 +27,7 @@ import asyncio
 import json
 import platform
 import time
+from collections.abc import Sequence
 from contextlib import AsyncExitStack
 from pathlib import Path
 from typing import Any
@@ -152,8 +153,10 @@ async def run(args: argparse.Namespace) -> None:
     await backend.close()
 
 
-def report(paths: list[Path]) -> str:
-    rows = [r for p in paths for r in iter_results(p)]
+def report(paths: list[Path], arms: Sequence[str] = ARMS) -> str:
+    """The table over the items every one of `arms` ran (an arm stopped early would
+    otherwise shrink every arm's sample to its own)."""
+    rows = [r for p in paths for r in iter_results(p) if r["arm"] in arms]
     by_arm: dict[str, dict[str, dict[str, Any]]] = {}
     for r in rows:
         by_arm.setdefault(r["arm"], {})[r["id"]] = r
@@ -199,13 +202,15 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", type=Path, default=REPO / "var" / "plan_format.jsonl")
-    parser.add_argument("--report", type=Path, nargs="+", help="print the table of these runs")
+    parser.add_argument(
+        "--report", type=Path, nargs="+", help="print the table of these runs (over --arms)"
+    )
     return parser.parse_args(argv)
 
 
 if __name__ == "__main__":
     arguments = parse_args()
     if arguments.report:
-        print(report(arguments.report))
+        print(report(arguments.report, arguments.arms))
     else:
         asyncio.run(run(arguments))
