@@ -75,8 +75,9 @@ def evaluate(
         fmt = prompt_format(adapter)  # the same prompt for both models
         started = time.perf_counter()
         fitted = adapter_dir is not None and stored is not None
-        # the validation split is scored only when a temperature must be fitted here
-        needed = [s for s in data if s != "val" or not fitted]
+        # the validation split is scored only when a temperature must be fitted here,
+        # or when it is one of the splits reported
+        needed = [s for s in data if s != "val" or not fitted or s in splits]
         scored = {s: score_rows(model, tokenizer, data[s], fmt, progress=True) for s in needed}
         seconds = time.perf_counter() - started
         if fitted and stored is not None:

@@ -156,6 +156,12 @@ def test_train_calibrate_evaluate_and_serve(tmp_path: Path) -> None:
         str(model_dir), str(adapter_dir), str(data_dir), ["test"], limit=8, untrained=False
     )
     assert set(only) == {"lora"} and only["lora"]["test"]["calibrated"]["n"] == 8
+    # the validation split can be reported too, under the adapter's stored calibration
+    with_val = evaluate.evaluate(
+        str(model_dir), str(adapter_dir), str(data_dir), ["val", "test"], limit=8, untrained=False
+    )
+    assert with_val["lora"]["val"]["calibrated"]["n"] == 8
+    assert with_val["lora"]["temperature"] == pytest.approx(cal["temperature"], abs=1e-6)
 
     # the adapter directory is all serving needs
     from services.settings import VerifierSettings
