@@ -15,13 +15,22 @@ from typing import Any
 import httpx
 import typer
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 from rich.tree import Tree
 
 from cli.eval import eval_app
 from cli.models import models_app
-from cli.trace_es import flatten_ecs
+from orchestrator.traces import (
+    TraceLookupError,
+    build_view,
+    fetch_trace_lines,
+    flatten_ecs,
+    read_trace,
+)
+from services.schemas import TraceSpan, TraceView
 from services.settings import OrchestratorSettings, PlannerSettings, VerifierSettings
+from services.tracing import is_trace_id
 
 app = typer.Typer(
     help="Reasoning pipeline: planner, orchestrator and verifier.", no_args_is_help=True
@@ -256,56 +265,30 @@ def _clip(text: str, n: int = 60) -> str:
 # --------------------------------------------------------------------------- trace
 
 
-def read_trace(log_dir: Path, trace_id: str) -> list[dict[str, Any]]:
-    """Every log line of one trace from the services' log files, ordered by time."""
-    lines: list[dict[str, Any]] = []
-    needle = trace_id.encode()
-    for path in sorted(log_dir.glob("*.jsonl")):
-        with path.open("rb") as f:
-            for raw in f:
-                if needle not in raw:
-                    continue
-                try:
-                    doc = flatten_ecs(json.loads(raw))
-                except (ValueError, TypeError):
-                    continue
-                if doc.get("trace.id") == trace_id:
-                    lines.append(doc)
-    lines.sort(key=lambda d: str(d.get("@timestamp", "")))
-    return lines
+def trace_tree(view: TraceView) -> Tree:
+    """The trace as a tree: one branch per span, nested as `build_view` nests them."""
+    root = Tree(f"[bold]trace {view.trace_id}[/bold]  ({view.lines} lines)")
 
-
-def trace_tree(trace_id: str, lines: list[dict[str, Any]]) -> Tree:
-    root = Tree(f"[bold]trace {trace_id}[/bold]  ({len(lines)} lines)")
-    spans: dict[str, list[dict[str, Any]]] = {}
-    parents: dict[str, str | None] = {}
-    for doc in lines:
-        sid = str(doc.get("span.id", "-"))
-        spans.setdefault(sid, []).append(doc)
-        parents.setdefault(sid, doc.get("parent.id"))
-    nodes: dict[str, Tree] = {}
-
-    def node_for(sid: str) -> Tree:
-        if sid in nodes:
-            return nodes[sid]
-        first = spans[sid][0]
-        parent = parents.get(sid)
-        holder = node_for(parent) if parent in spans and parent != sid else root
-        nodes[sid] = holder.add(f"[cyan]{first.get('service.name', '?')}[/cyan] span {sid}")
-        return nodes[sid]
-
-    for sid in spans:  # spans are met in time order, so parents come first
-        branch = node_for(sid)
-        for doc in spans[sid]:
-            level = doc.get("log.level", "info")
-            colour = {"error": "red", "warning": "yellow"}.get(level, "white")
-            dur = doc.get("event.duration")
-            extra = f"  {int(dur) / 1e6:.1f} ms" if isinstance(dur, int | float) else ""
-            err_msg = f"  [red]{doc['error.message']}[/red]" if doc.get("error.message") else ""
+    def add(holder: Tree, span: TraceSpan) -> None:
+        took = f"  {span.duration_ms:.1f} ms" if span.duration_ms is not None else ""
+        branch = holder.add(
+            f"[cyan]{escape(span.service or '?')}[/cyan] span {escape(span.span_id)}{took}"
+        )
+        for line in span.lines:
+            colour = {"error": "red", "warning": "yellow"}.get(line.level or "", "white")
+            dur = f"  {line.duration_ms:.1f} ms" if line.duration_ms is not None else ""
+            err_msg = f"  [red]{escape(line.error)}[/red]" if line.error else ""
             branch.add(
-                f"{doc.get('@timestamp', '')}  [{colour}]{level:<7}[/{colour}] "
-                f"{doc.get('message', '')}{extra}{err_msg}"
+                f"{escape(line.timestamp or '')}  [{colour}]{escape(line.level or 'info'):<7}"
+                f"[/{colour}] {escape(line.message or '')}{dur}{err_msg}"
             )
+        for child in span.children:
+            add(branch, child)
+
+    for span in view.spans:
+        add(root, span)
+    if view.truncated:
+        root.add(f"[yellow]more lines than the {view.lines} shown")
     return root
 
 
@@ -319,28 +302,27 @@ def trace(
 ) -> None:
     """Print every log line of one request from all three services, as a tree."""
     trace_id = trace_id.strip().lower()
-    if not _is_trace_id(trace_id):
-        err.print("[red]a trace id is 32 hexadecimal characters")
+    if not is_trace_id(trace_id):
+        err.print("[red]a trace id is 32 hexadecimal characters, not all zero")
         raise typer.Exit(2)
     if es:
-        from cli.trace_es import TraceLookupError, fetch_trace_lines
-
         try:
             docs = asyncio.run(fetch_trace_lines(es, trace_id, index=es_index))
         except TraceLookupError as exc:
-            err.print(f"[red]{exc}")
+            err.print(f"[red]{escape(str(exc))}")
             raise typer.Exit(1) from None
-        lines = sorted((flatten_ecs(d) for d in docs), key=lambda d: str(d.get("@timestamp", "")))
+        lines = [flatten_ecs(d) for d in docs]
     else:
         lines = read_trace(log_dir, trace_id)
     if not lines:
         err.print(f"no log lines for trace {trace_id}")
         raise typer.Exit(1)
     if as_json:
-        for doc in lines:
+        for doc in lines:  # both lookups give them oldest first
             print(json.dumps(doc))
         return
-    console.print(trace_tree(trace_id, lines))
+    view = build_view(trace_id, lines, source="elasticsearch" if es else "files")
+    console.print(trace_tree(view))
 
 
 # --------------------------------------------------------------------------- db
@@ -367,7 +349,3 @@ def db_init(
     for warning in asyncio.run(init_database(dsn, reader_password)):
         console.print(f"[yellow]warning:[/yellow] {warning}")
     console.print("reason_data schema, sample data and role reason_reader are ready")
-
-
-def _is_trace_id(value: str) -> bool:
-    return len(value) == 32 and all(c in "0123456789abcdef" for c in value)

@@ -1,4 +1,5 @@
-"""Orchestrator service: `POST /reason` (JSON or server-sent events) and `POST /tools/{name}/run`.
+"""Orchestrator service: `POST /reason` (JSON or server-sent events), `POST /tools/{name}/run`
+and `GET /traces/{trace_id}` (every log line of one request).
 
 Each tenant may have `ORCH_TENANT_MAX_IN_FLIGHT` of these requests in flight; past it,
 429 with Retry-After. The tenant is the API key's; with no keys configured every client
@@ -28,13 +29,29 @@ from orchestrator.service import ReasonService
 from orchestrator.tools import build_registry
 from orchestrator.tools.base import ToolContext
 from orchestrator.tools.registry import ToolRegistry
+from orchestrator.traces import TraceLookupError, TraceReader
 from services import tracing
 from services.app import cancel_on_disconnect, create_service_app, sse_event
-from services.errors import NotFound, ServiceError, TooManyRequests, Unauthorized, error_body
+from services.errors import (
+    DependencyUnavailable,
+    NotFound,
+    ServiceError,
+    TooManyRequests,
+    Unauthorized,
+    ValidationFailed,
+    error_body,
+)
 from services.http import ServiceClient
 from services.logging import configure_logging
-from services.schemas import ReasonRequest, ReasonResponse, ToolRunRequest, ToolRunResult
+from services.schemas import (
+    ReasonRequest,
+    ReasonResponse,
+    ToolRunRequest,
+    ToolRunResult,
+    TraceView,
+)
 from services.settings import OrchestratorSettings
+from services.tracing import is_trace_id
 
 log = structlog.get_logger("orchestrator")
 
@@ -45,12 +62,15 @@ def create_app(
     tools_factory: Callable[
         [OrchestratorSettings, Cache, AsyncExitStack], Awaitable[ToolRegistry]
     ] = build_registry,
+    traces: TraceReader | None = None,
 ) -> FastAPI:
-    """Build the orchestrator; `tools_factory` builds the tool registry at startup."""
+    """Build the orchestrator; `tools_factory` builds the tool registry at startup;
+    `traces` reads traces back (default: as the settings say)."""
     settings = settings or OrchestratorSettings()
     configure_logging(
         "orchestrator", log_dir=settings.log_dir, level=settings.log_level, fmt=settings.log_format
     )
+    traces = traces or trace_reader(settings)
     state: dict[str, Any] = {}
 
     @asynccontextmanager
@@ -187,7 +207,45 @@ def create_app(
         finally:
             release()
 
+    @app.get("/traces/{trace_id}", response_model=TraceView)
+    async def get_trace(
+        trace_id: str,
+        tenant: str = Depends(tenant_of),
+        who: str = Depends(limited_tenant),
+    ) -> TraceView:
+        trace_id = trace_id.lower()  # as `reason trace` takes it
+        if not is_trace_id(trace_id):
+            raise ValidationFailed(
+                "trace_id: a trace id is 32 lowercase hexadecimal characters, not all zero",
+                param="trace_id",
+            )
+        release = admit(who)
+        try:
+            view = await traces.read(trace_id)
+        except TraceLookupError as exc:
+            raise DependencyUnavailable(f"trace lookup failed: {exc}") from None
+        finally:
+            release()
+        if view is None:
+            raise NotFound(f"no log lines for trace {trace_id}", param="trace_id")
+        return view
+
     return app
+
+
+def trace_reader(settings: OrchestratorSettings) -> TraceReader:
+    """Where `GET /traces/{trace_id}` reads from: Elasticsearch when configured, else the
+    log files the services write."""
+    es_url = settings.trace_es_url.get_secret_value() if settings.trace_es_url else None
+    api_key = settings.trace_es_api_key.get_secret_value() if settings.trace_es_api_key else None
+    return TraceReader(
+        settings.trace_log_dir or settings.log_dir,
+        es_url=es_url or None,
+        es_index=settings.trace_es_index,
+        es_api_key=api_key or None,
+        timeout_s=settings.trace_es_timeout_s,
+        max_lines=settings.trace_max_lines,
+    )
 
 
 class _HeldStream(StreamingResponse):

@@ -297,6 +297,47 @@ class ReasonResponse(Wire):
     timings_ms: Timings
 
 
+# --------------------------------------------------------------------------- trace lookup
+
+
+class TraceLine(Wire):
+    """One log line of a trace (`GET /traces/{trace_id}`), from any of the services."""
+
+    timestamp: str | None = None  # ECS @timestamp, as logged
+    offset_ms: float | None = None  # since the trace's start (None: no readable time)
+    service: str | None = None
+    level: str | None = None
+    message: str | None = None
+    duration_ms: float | None = None  # event.duration, for lines that time something
+    error: str | None = None  # error.message (or error.type) when the line has one
+    fields: dict[str, Any] = Field(default_factory=dict)  # every field, flattened ECS
+
+
+class TraceSpan(Wire):
+    """The lines of one span (one request to one service), its children nested."""
+
+    span_id: str
+    parent_id: str | None = None
+    service: str | None = None
+    start_ms: float | None = None  # since the trace's start
+    duration_ms: float | None = None  # the span's request line's duration, else its lines'
+    error: bool = False  # a line at error level, with an error, or a 5xx status
+    lines: list[TraceLine]
+    children: list[TraceSpan] = Field(default_factory=list)
+
+
+class TraceView(Wire):
+    """`GET /traces/{trace_id}`: every log line of one request, as nested spans."""
+
+    trace_id: str
+    source: Literal["files", "elasticsearch"]
+    lines: int  # log lines shown
+    truncated: bool = False  # more lines than the lookup returns: the earliest shown
+    started: str | None = None  # timestamp of the trace's start
+    duration_ms: float | None = None
+    spans: list[TraceSpan]
+
+
 # --------------------------------------------------------------------------- errors
 
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import Field, field_validator, model_validator
+from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from services.schemas import MAX_REPLANS, ReplanReason
@@ -195,6 +195,17 @@ class OrchestratorSettings(CommonSettings):
     # The answer-confidence calibrator (orchestrator.confidence); unset = the artifact
     # shipped in orchestrator/calibration/.
     confidence_calibrator: Path | None = None
+    # Trace lookup (`GET /traces/{trace_id}`, the console's trace view; orchestrator.traces):
+    # from Elasticsearch when `trace_es_url` is set (credentials may be in the URL, or an
+    # encoded API key in `trace_es_api_key`), else from the services' log files in
+    # `trace_log_dir` (unset = `log_dir`: `reason serve` has all three services write
+    # there). At most `trace_max_lines` lines of a trace are shown, the earliest.
+    trace_es_url: SecretStr | None = None
+    trace_es_index: str = "reason-logs-*"
+    trace_es_api_key: SecretStr | None = None
+    trace_es_timeout_s: float = Field(default=5.0, gt=0, le=60)
+    trace_log_dir: Path | None = None
+    trace_max_lines: int = Field(default=5000, ge=1, le=9999)
     sandbox_workers: int = Field(default=2, ge=1, le=32)
     sandbox_memory_mb: int = Field(default=256, ge=64)
     # auto | netns | seccomp | none — see orchestrator/sandbox/README.md

@@ -69,6 +69,12 @@ def context_from_headers(traceparent: str | None, request_id: str | None) -> Tra
     return TraceContext(trace_id, new_span_id(), parent, rid)
 
 
+def is_trace_id(value: object) -> bool:
+    """A W3C trace id: 32 lowercase hex digits, not all zero (the id every log line and
+    `X-Trace-Id` carries; the one definition the trace lookups check against)."""
+    return isinstance(value, str) and bool(_HEX32_RE.fullmatch(value)) and value != "0" * 32
+
+
 def current() -> TraceContext | None:
     return _current.get()
 

@@ -10,8 +10,8 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app as cli_app
-from cli.main import read_trace
-from services.schemas import ReasonResponse
+from orchestrator.traces import read_trace
+from services.schemas import ReasonResponse, TraceView
 from tests.conftest import Stack, make_stack
 
 pytestmark = [pytest.mark.integration]
@@ -54,6 +54,20 @@ def test_reason_answers_and_one_trace_id_joins_all_three_logs(stack: Stack) -> N
     for name in ("orchestrator", "planner", "verifier"):
         assert name in result.output
     assert body.trace_id in result.output
+
+
+def test_the_orchestrator_reads_a_trace_back_as_nested_spans(stack: Stack) -> None:
+    r = reason(stack, {"question": "What is 3 * 3?", "options": {"use_cache": False}})
+    trace_id = r.json()["trace_id"]
+    time.sleep(0.3)
+    got = httpx.get(f"{stack.url('orchestrator')}/traces/{trace_id}")
+    assert got.status_code == 200, got.text
+    view = TraceView.model_validate(got.json())
+    assert view.source == "files" and view.lines == len(read_trace(stack.log_dir, trace_id))
+    (root,) = view.spans
+    assert root.service == "orchestrator" and root.duration_ms and root.duration_ms > 0
+    assert sorted(c.service or "" for c in root.children) == ["planner", "verifier"]
+    assert any(ln.message == "POST /reason 200" for ln in root.lines)
 
 
 def test_incoming_traceparent_is_kept_and_forwarded(stack: Stack) -> None:

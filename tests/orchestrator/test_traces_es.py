@@ -17,7 +17,7 @@ from typing import Any
 import httpx
 import pytest
 
-from cli.trace_es import (
+from orchestrator.traces import (
     InvalidTraceId,
     TraceLookupError,
     build_query,
@@ -27,7 +27,7 @@ from cli.trace_es import (
 
 pytestmark = pytest.mark.unit
 
-FIXTURES = Path(__file__).parent / "fixtures"
+FIXTURES = Path(__file__).parent / "fixtures" / "es"
 TRACE = "4bf92f3577b34da6a3ce929d0e0e4736"
 ES = "http://es.example:9200"
 

@@ -1,0 +1,64 @@
+"""`reason trace`: one request's log lines from the log files, as a tree of spans."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from cli.main import app
+from tests.orchestrator.test_traces import IN_TIME_ORDER, REQUEST, TRACE, write
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.fixture
+def logs(tmp_path: Path) -> Path:
+    write(tmp_path / "orchestrator.jsonl", *REQUEST[:2])
+    write(tmp_path / "planner.jsonl", REQUEST[2])
+    write(tmp_path / "verifier.jsonl", *REQUEST[3:])
+    return tmp_path
+
+
+def run(*args: str) -> tuple[int, str]:
+    result = CliRunner().invoke(app, ["trace", *args], terminal_width=200)
+    return result.exit_code, result.output
+
+
+def test_the_tree_nests_the_callees_under_the_orchestrators_span(logs: Path) -> None:
+    code, out = run(TRACE, "--log-dir", str(logs))
+    assert code == 0, out
+    rows = out.splitlines()
+    assert f"trace {TRACE}" in rows[0] and "(5 lines)" in rows[0]
+    at = {
+        name: next(i for i, r in enumerate(rows) if name in r)
+        for name in ("span o1", "span p1", "span v1")
+    }
+    assert at["span o1"] < at["span p1"] < at["span v1"]
+    indent = {name: len(rows[i]) - len(rows[i].lstrip("│ ├└─")) for name, i in at.items()}
+    assert indent["span p1"] == indent["span v1"] > indent["span o1"]  # children of o1
+    assert "950.0 ms" in rows[at["span o1"]] and "boom" in out
+
+
+def test_uppercase_ids_are_read_and_json_prints_every_line_oldest_first(logs: Path) -> None:
+    code, out = run(TRACE.upper(), "--log-dir", str(logs), "--json")
+    assert code == 0, out
+    lines = [json.loads(row) for row in out.splitlines()]
+    assert [ln["message"] for ln in lines] == IN_TIME_ORDER
+    assert all(ln["trace.id"] == TRACE for ln in lines)
+
+
+def test_markup_in_a_log_line_is_printed_as_text(tmp_path: Path) -> None:
+    doc = {**REQUEST[0], "message": "[bold red]not markup[/] <script>"}
+    write(tmp_path / "orchestrator.jsonl", doc)
+    code, out = run(TRACE, "--log-dir", str(tmp_path))
+    assert code == 0 and "[bold red]not markup[/] <script>" in out
+
+
+@pytest.mark.parametrize("bad", ["xyz", "0" * 32])
+def test_a_bad_id_exits_2_and_an_unknown_one_exits_1(logs: Path, bad: str) -> None:
+    assert run(bad, "--log-dir", str(logs))[0] == 2
+    code, out = run("5" * 32, "--log-dir", str(logs))
+    assert code == 1 and "no log lines" in out
