@@ -14,7 +14,7 @@ import asyncio
 import hmac
 from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AsyncExitStack, asynccontextmanager
-from typing import Any
+from typing import Any, Literal
 
 import httpx
 import structlog
@@ -46,6 +46,9 @@ from services.logging import configure_logging
 from services.schemas import (
     ReasonRequest,
     ReasonResponse,
+    StepResult,
+    StreamError,
+    StreamEvent,
     ToolRunRequest,
     ToolRunResult,
     TraceView,
@@ -54,6 +57,10 @@ from services.settings import OrchestratorSettings
 from services.tracing import is_trace_id
 
 log = structlog.get_logger("orchestrator")
+
+# What a /reason stream sends (`?events=`): `steps`, the stream as it always was, or
+# `all`, with the rounds and the plans (see `_stream`).
+StreamEvents = Literal["steps", "all"]
 
 
 def create_app(
@@ -164,12 +171,13 @@ def create_app(
         request: Request,
         tenant: str = Depends(tenant_of),
         who: str = Depends(limited_tenant),
+        events: StreamEvents = "steps",
     ) -> Any:
         service: ReasonService = request.app.state.reason
         release = admit(who)
         if "text/event-stream" in request.headers.get("accept", ""):
             return _HeldStream(
-                _stream(service, body, tenant, limits_tenant=who),
+                _stream(service, body, tenant, limits_tenant=who, events=events),
                 release,
                 media_type="text/event-stream",
                 headers={"Cache-Control": "no-cache"},
@@ -263,26 +271,43 @@ class _HeldStream(StreamingResponse):
 
 
 async def _stream(
-    service: ReasonService, body: ReasonRequest, tenant: str, *, limits_tenant: str
+    service: ReasonService,
+    body: ReasonRequest,
+    tenant: str,
+    *,
+    limits_tenant: str,
+    events: StreamEvents = "steps",
 ) -> AsyncIterator[str]:
+    """The /reason stream, then `result` or `error`. `events=steps` (the default, the
+    stream as it always was): a `step` (StepResult) per finished step, and the error body.
+    `events=all`: every event of the service as it happens (services.schemas: rounds,
+    each plan before its steps run, steps with their round and plan), and an error with
+    its status and retry time. A client written for the first never sees the second."""
     queue: asyncio.Queue[tuple[str, Any]] = asyncio.Queue()
 
-    async def on_step(step: Any) -> None:
+    async def on_event(name: str, event: StreamEvent) -> None:
+        await queue.put((name, event.model_dump(mode="json")))
+
+    async def on_step(step: StepResult) -> None:
         await queue.put(("step", step.model_dump(mode="json")))
 
+    def error(exc: ServiceError) -> dict[str, Any]:
+        if events == "all":
+            return _stream_error(exc)
+        return error_body(exc, tracing.current_trace_id())
+
     async def work() -> None:
+        listen: dict[str, Any] = {"on_event": on_event} if events == "all" else {"on_step": on_step}
         try:
             result = await service.reason(
-                body, tenant=tenant, on_step=on_step, limits_tenant=limits_tenant
+                body, tenant=tenant, limits_tenant=limits_tenant, **listen
             )
             await queue.put(("result", result.model_dump(mode="json")))
         except ServiceError as exc:
-            await queue.put(("error", error_body(exc, tracing.current_trace_id())))
+            await queue.put(("error", error(exc)))
         except Exception:
             log.exception("stream failed")
-            await queue.put(
-                ("error", error_body(ServiceError("internal error"), tracing.current_trace_id()))
-            )
+            await queue.put(("error", error(ServiceError("internal error"))))
 
     task = asyncio.create_task(work())
     try:
@@ -294,6 +319,15 @@ async def _stream(
     finally:
         if not task.done():
             task.cancel()
+
+
+def _stream_error(exc: ServiceError) -> dict[str, Any]:
+    body = StreamError(
+        **error_body(exc, tracing.current_trace_id()),
+        status=exc.status_code,
+        retry_after_s=exc.retry_after_s,
+    )
+    return body.model_dump(mode="json", exclude_none=True)
 
 
 def __getattr__(name: str) -> FastAPI:

@@ -22,9 +22,9 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Iterator
+from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Literal
 
 import structlog
@@ -48,17 +48,25 @@ from services.errors import (
 from services.http import ServiceClient
 from services.plans import check_plan
 from services.schemas import (
+    STREAM_EVENT_NAMES,
     VOTE_ANSWER_CHARS,
     Agreement,
     Plan,
+    PlanEvent,
     PlanResponse,
     ReasonRequest,
     ReasonResponse,
     ReplanReason,
+    RoundEnd,
+    RoundStart,
     RoundSummary,
+    RoundVote,
     Signals,
     Solution,
     SolveResponse,
+    StepEvent,
+    StepResult,
+    StreamEvent,
     Timings,
     Verdict,
     VerifyBatchResponse,
@@ -86,15 +94,27 @@ PLAN_MIN_BUDGET_S = 0.05
 STAGES = ("plan", "solve", "execute", "verify")
 
 
+EventCallback = Callable[[str, StreamEvent], Awaitable[None] | None]
+
+
 @dataclass(frozen=True)
 class Run:
-    """What every plan of one request runs with."""
+    """What every plan of one request runs with (`round`: the round it is in)."""
 
     trace_id: str
     tenant: str
     on_step: StepCallback | None
     budget: ToolBudget
     limits_tenant: str  # whose sandbox share the steps count against
+    on_event: EventCallback | None = None
+    round: int = 1
+
+    async def emit(self, event: StreamEvent) -> None:
+        """Tell the stream (services.schemas: the /reason stream's events)."""
+        if self.on_event is not None:
+            maybe = self.on_event(STREAM_EVENT_NAMES[type(event)], event)
+            if maybe is not None:
+                await maybe
 
 
 @dataclass(frozen=True)
@@ -229,9 +249,13 @@ class ReasonService:
         tenant: str = "default",
         on_step: StepCallback | None = None,
         limits_tenant: str | None = None,
+        on_event: EventCallback | None = None,
     ) -> ReasonResponse:
         """Answer `request`. `tenant` namespaces the caches; `limits_tenant` (default:
-        `tenant`) is who the per-tenant sandbox share counts."""
+        `tenant`) is who the per-tenant sandbox share counts. `on_step` hears of every
+        step as it finishes; `on_event` gets the /reason stream's events (name and
+        payload, services.schemas): rounds as they start and end, each plan as soon as it
+        is made, each step, with its round and plan, as it finishes."""
         # the deadline is on the loop's clock (asyncio.timeout_at); the timings are not:
         # uvloop's clock ticks in whole milliseconds, cached per loop iteration
         started = time.perf_counter()
@@ -243,7 +267,12 @@ class ReasonService:
             if cached is not None:
                 return cached
         run = Run(
-            trace_id, tenant, on_step, ToolBudget(self.max_tool_calls), limits_tenant or tenant
+            trace_id,
+            tenant,
+            on_step,
+            ToolBudget(self.max_tool_calls),
+            limits_tenant or tenant,
+            on_event,
         )
         timings = dict.fromkeys(STAGES, 0.0)
         chosen, summaries = await self._rounds(request, deadline, timings, run)
@@ -293,18 +322,26 @@ class ReasonService:
             if reason is not None:
                 REPLANS.labels(reason).inc()
             started = time.perf_counter()
+            this = replace(run, round=round_no + 1)
+            await this.emit(RoundStart(round=this.round, replan_for=reason))
             try:
                 attempts = await self._round(
-                    request, deadline, feedback, timings, run, prose=round_no == 0
+                    request, deadline, feedback, timings, this, prose=round_no == 0
                 )
             except (DependencyUnavailable, DeadlineExceeded, PlanningFailed) as exc:
+                failed = _failed_round(reason, exc, time.perf_counter() - started)
+                await this.emit(RoundEnd(**failed.model_dump(), round=this.round))
                 if chosen is None:
                     raise
                 # keep the answer we have; the replan just failed (and still took time)
-                summaries.append(_failed_round(reason, exc, time.perf_counter() - started))
+                summaries.append(failed)
                 break
             outcome = self._outcome(attempts, round_no + 1)
-            summaries.append(_summary(outcome, reason, time.perf_counter() - started))
+            summary = _summary(outcome, reason, time.perf_counter() - started)
+            summaries.append(summary)
+            await this.emit(
+                RoundEnd(**summary.model_dump(), round=this.round, votes=_round_votes(outcome))
+            )
             if chosen is None or outcome.trust > chosen.trust:
                 chosen = outcome
             due = [r for r in outcome.replan_reasons() if r in self.replan_on]
@@ -416,7 +453,14 @@ class ReasonService:
             and deadline - asyncio.get_running_loop().time() > first_draw_s + VERIFY_RESERVE_S
         ):
             executions += await self._draw_more(
-                request, deadline, feedback, timings, run, n - len(executions), first
+                request,
+                deadline,
+                feedback,
+                timings,
+                run,
+                n - len(executions),
+                first,
+                len(executions),
             )
         # plans first: an answer both kinds gave is verified, and served, with its plan
         attempts = [Attempt(execution=e) for e in executions]
@@ -439,7 +483,7 @@ class ReasonService:
         question the planner cannot plan still has its solutions' answers: then no plans."""
         n_prose = request.options.n_prose if prose else 0
         drawn, solved = await asyncio.gather(
-            self._draw(request, deadline, feedback, timings, n, 0, run),
+            self._draw(request, deadline, feedback, timings, n, 0, run, 0),
             self._solve(request, deadline, n_prose, timings),
             return_exceptions=True,
         )
@@ -465,11 +509,12 @@ class ReasonService:
         run: Run,
         n: int,
         offset: int,
+        index: int,
     ) -> list[Execution]:
         """The rest of the plans, executed; none when they cannot be drawn (the vote goes
-        on with the plans drawn first)."""
+        on with the plans drawn first). `index`: the first one's place in the vote."""
         try:
-            return await self._draw(request, deadline, feedback, timings, n, offset, run)
+            return await self._draw(request, deadline, feedback, timings, n, offset, run, index)
         except (DependencyUnavailable, DeadlineExceeded, PlanningFailed) as exc:
             log.warning(
                 "no further plans could be drawn; voting on those drawn",
@@ -511,12 +556,17 @@ class ReasonService:
         n: int,
         offset: int,
         run: Run,
+        index: int,
     ) -> list[Execution]:
+        """`n` plans (samples `offset`..), executed; `index`: the first one's place in the
+        round's vote, which names it in the stream's events."""
         with timed(timings, "plan"):
             plans = await self._plan(request, deadline, feedback, n, offset)
         PLANS_DRAWN.labels("first" if offset == 0 else "more").inc(len(plans))
+        for k, plan in enumerate(plans):  # drawn in the stream before any step runs
+            await run.emit(PlanEvent(**plan.model_dump(), round=run.round, plan=index + k))
         with timed(timings, "execute"):
-            return await self._execute_all(plans, deadline, run)
+            return await self._execute_all(plans, deadline, run, index)
 
     async def _plan(
         self,
@@ -558,7 +608,9 @@ class ReasonService:
             raise Unplannable("the planner returned no plan that passes validation")
         return plans
 
-    async def _execute_all(self, plans: list[Plan], deadline: float, run: Run) -> list[Execution]:
+    async def _execute_all(
+        self, plans: list[Plan], deadline: float, run: Run, index: int = 0
+    ) -> list[Execution]:
         async with asyncio.TaskGroup() as group:
             tasks = [
                 group.create_task(
@@ -567,12 +619,12 @@ class ReasonService:
                         deadline=deadline,
                         trace_id=run.trace_id,
                         tenant=run.tenant,
-                        on_step=run.on_step,
+                        on_step=_step_listener(run, index + k),
                         budget=run.budget,
                         limits_tenant=run.limits_tenant,
                     )
                 )
-                for plan in plans
+                for k, plan in enumerate(plans)
             ]
         return [t.result() for t in tasks]
 
@@ -625,6 +677,41 @@ class ReasonService:
                 ok, confidence = verdicts[k]
                 attempt.verdict = "verified" if ok else "rejected"
                 attempt.confidence = attempt.verifier = confidence
+
+
+def _step_listener(run: Run, plan: int) -> StepCallback | None:
+    """What hears of plan `plan`'s steps: the caller's `on_step`, and the stream, which
+    learns the round and the plan of each step."""
+    if run.on_step is None and run.on_event is None:
+        return None
+
+    async def heard(step: StepResult) -> None:
+        if run.on_step is not None:
+            maybe = run.on_step(step)
+            if maybe is not None:
+                await maybe
+        await run.emit(StepEvent(**step.model_dump(), round=run.round, plan=plan))
+
+    return heard
+
+
+def _round_votes(outcome: Outcome) -> list[RoundVote]:
+    """Every sample's vote in the round: the plans first, in the order drawn (their
+    index is their place here), then the solutions."""
+    served = answer_key(outcome.best.answer)
+    votes = []
+    for k, a in enumerate(outcome.attempts):
+        key = answer_key(a.answer)
+        votes.append(
+            RoundVote(
+                source=a.source,
+                answer=_vote_answer(a.answer),
+                plan=k if a.execution is not None else None,
+                verifier=a.verifier,
+                agrees=key is not None and key == served,
+            )
+        )
+    return votes
 
 
 def _degraded(message: str, stage: str, exc: Exception) -> None:

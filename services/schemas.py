@@ -297,6 +297,65 @@ class ReasonResponse(Wire):
     timings_ms: Timings
 
 
+# --------------------------------------------------------------------------- /reason stream
+# With `Accept: text/event-stream` and `?events=all`, /reason sends these events, in this
+# order per round (without `events=all`, only `step` as a plain StepResult, then
+# `result` or an ErrorBody `error`, as the stream always was):
+# `round_start`, then for each plan as soon as it is made `plan` (before any of its steps
+# runs), a `step` as each step finishes, `round_end` once the round's vote is known; and
+# last `result` (a ReasonResponse) or `error` (a StreamError). An answer served from the
+# cache sends `result` alone. Every event about a plan names it by `round` (1 the first,
+# 2 the first replan) and `plan` (its index in the round's vote, in the order drawn).
+
+
+class RoundStart(Wire):
+    """SSE `round_start`: a round of plans begins."""
+
+    round: Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
+    replan_for: ReplanReason | None = None  # None for the first round
+
+
+class PlanEvent(Plan):
+    """SSE `plan`: a plan as the planner made it (validated), before its steps run."""
+
+    round: Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
+    plan: Annotated[int, Field(ge=0, lt=MAX_PLANS)]
+
+
+class StepEvent(StepResult):
+    """SSE `step`: a finished step. The StepResult of the response's `steps`, with the
+    round and the plan it belongs to beside it (a client reading StepResult's fields
+    reads them unchanged)."""
+
+    round: Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
+    plan: Annotated[int, Field(ge=0, lt=MAX_PLANS)]
+
+
+class RoundVote(Vote):
+    """One sample's vote in a finished round."""
+
+    plan: Annotated[int, Field(ge=0, lt=MAX_PLANS)] | None = None  # None: a solution
+    verifier: Annotated[float, Field(ge=0, le=1)] | None = None  # its score, when asked
+    agrees: bool  # it gave the round's voted answer
+
+
+class RoundEnd(RoundSummary):
+    """SSE `round_end`: the round's vote (a failed round: its `error`, no votes)."""
+
+    round: Annotated[int, Field(ge=1, le=MAX_ROUNDS)]
+    votes: list[RoundVote] = Field(default_factory=list, max_length=MAX_PLANS + MAX_PROSE)
+
+
+StreamEvent = RoundStart | PlanEvent | StepEvent | RoundEnd
+# the SSE event name of each payload
+STREAM_EVENT_NAMES: dict[type[Wire], str] = {
+    RoundStart: "round_start",
+    PlanEvent: "plan",
+    StepEvent: "step",
+    RoundEnd: "round_end",
+}
+
+
 # --------------------------------------------------------------------------- trace lookup
 
 
@@ -350,6 +409,14 @@ class ErrorDetail(Wire):
 class ErrorBody(Wire):
     error: ErrorDetail
     trace_id: str
+
+
+class StreamError(ErrorBody):
+    """SSE `error`: the error body, with the status and the Retry-After (seconds) the
+    JSON answer would have carried (the stream's own status is 200 by then)."""
+
+    status: int
+    retry_after_s: int | None = None
 
 
 TRACE_ID_RE = re.compile(r"^[0-9a-f]{32}$")
