@@ -1,5 +1,6 @@
-"""Orchestrator service: `POST /reason` (JSON or server-sent events), `POST /tools/{name}/run`
-and `GET /traces/{trace_id}` (every log line of one request).
+"""Orchestrator service: `POST /reason` (JSON or server-sent events), `POST /tools/{name}/run`,
+`GET /traces/{trace_id}` (every log line of one request), and the web console at `/`
+(`orchestrator/console/`, with `GET /console/config`).
 
 Each tenant may have `ORCH_TENANT_MAX_IN_FLIGHT` of these requests in flight; past it,
 429 with Retry-After. The tenant is the API key's; with no keys configured every client
@@ -19,11 +20,13 @@ from typing import Any, Literal
 import httpx
 import structlog
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import StreamingResponse
+from fastapi.responses import FileResponse, StreamingResponse
 from starlette.types import Receive, Scope, Send
 
 from orchestrator.cache import Cache, create_cache
 from orchestrator.confidence import Calibrator
+from orchestrator.console import HEADERS as CONSOLE_HEADERS
+from orchestrator.console import INDEX, ConsoleFiles
 from orchestrator.limits import TenantCounter
 from orchestrator.service import ReasonService
 from orchestrator.tools import build_registry
@@ -44,6 +47,8 @@ from services.errors import (
 from services.http import ServiceClient
 from services.logging import configure_logging
 from services.schemas import (
+    ConsoleConfig,
+    ReasonOptions,
     ReasonRequest,
     ReasonResponse,
     StepResult,
@@ -238,6 +243,18 @@ def create_app(
             raise NotFound(f"no log lines for trace {trace_id}", param="trace_id")
         return view
 
+    @app.get("/console/config", response_model=ConsoleConfig)
+    async def console_config() -> ConsoleConfig:
+        """Public: whether the console must ask for an API key (never the keys), and the
+        bounds of the /reason options."""
+        return CONSOLE_CONFIG.model_copy(update={"auth": bool(settings.api_keys)})
+
+    @app.get("/", include_in_schema=False)
+    async def console() -> FileResponse:
+        return FileResponse(INDEX, headers=CONSOLE_HEADERS)
+
+    # after /console/config, which the mount would otherwise answer
+    app.mount(ConsoleFiles.path, ConsoleFiles(), name="console")
     return app
 
 
@@ -254,6 +271,17 @@ def trace_reader(settings: OrchestratorSettings) -> TraceReader:
         timeout_s=settings.trace_es_timeout_s,
         max_lines=settings.trace_max_lines,
     )
+
+
+_OPTIONS_SHOWN = ("n_plans", "verify", "use_cache", "deadline_s")
+CONSOLE_CONFIG = ConsoleConfig(
+    auth=False,
+    options={
+        name: field
+        for name, field in ReasonOptions.model_json_schema()["properties"].items()
+        if name in _OPTIONS_SHOWN
+    },
+)
 
 
 class _HeldStream(StreamingResponse):

@@ -397,6 +397,14 @@ class TraceView(Wire):
     spans: list[TraceSpan]
 
 
+class ConsoleConfig(Wire):
+    """`GET /console/config`: what the web console needs to know before it asks."""
+
+    auth: bool  # /reason and /traces want `Authorization: Bearer <key>`
+    # the JSON schema of each /reason option: its type, default and bounds
+    options: dict[str, dict[str, Any]]
+
+
 # --------------------------------------------------------------------------- errors
 
 
