@@ -8,6 +8,14 @@ set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$repo"
 venv="$(scripts/bootstrap.sh dev,llamacpp,model,training)"
+# The web console's browser tests (tests/orchestrator/console) drive the system's
+# Chromium through Playwright; as root on Debian, install it when it is missing (they
+# skip without it, except under CI=true, where they fail).
+if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing chromium for the console's browser tests..." >&2
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
+fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 "$venv/bin/python" -m cli models pull qwen2.5-coder-0.5b-instruct
 "$venv/bin/python" -m cli models pull smollm2-135m-instruct

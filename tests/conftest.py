@@ -30,6 +30,8 @@ os.environ.setdefault(
 
 TIERS = ("unit", "integration", "model", "security")
 NOT_UNIT = ("integration", "model")
+# Markers that say more about a test but are never its tier (pyproject.toml defines them).
+BESIDE_A_TIER = ("slow", "browser")
 
 
 def pytest_configure(config: pytest.Config) -> None:

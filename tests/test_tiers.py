@@ -44,6 +44,8 @@ def test_tiered_tests_pass_the_check() -> None:
 def test_a_test_without_a_tier_fails_the_session() -> None:
     with pytest.raises(pytest.UsageError, match=r"no tier marker .*: tests/x\.py::t$"):
         check(FakeItem("tests/ok.py::t", ["unit"]), FakeItem("tests/x.py::t", ["slow"]))
+    with pytest.raises(pytest.UsageError, match=r"no tier marker .*: tests/y\.py::t$"):
+        check(FakeItem("tests/y.py::t", ["browser", "slow"]))
 
 
 @pytest.mark.parametrize("other", ["integration", "model"])
@@ -55,5 +57,5 @@ def test_unit_beside_integration_or_model_fails_the_session(other: str) -> None:
 def test_the_tiers_are_the_markers_pyproject_defines() -> None:
     ini = tomllib.loads((REPO / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
     defined = {line.split(":", 1)[0] for line in ini["markers"]}
-    assert defined == {*conftest.TIERS, "slow"}
+    assert defined == {*conftest.TIERS, *conftest.BESIDE_A_TIER}
     assert "--strict-markers" in ini["addopts"]
