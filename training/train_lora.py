@@ -6,6 +6,13 @@ exactly what serving computes. Output: the adapter directory (`adapter_config.js
 `adapter_model.safetensors`) with `prompt.json`, `train_config.json`, `data_recipe.json`
 and `train_log.jsonl` beside it.
 
+Long runs resume: with `--checkpoint-every N` the run writes `checkpoint/` in the output
+directory every N steps and when its time budget stops it (adapter, optimizer, random
+state, step); a rerun with the same config continues from there and ends with the same
+adapter an uninterrupted run makes. The finished run removes `checkpoint/`. A big model
+fits in memory with `--micro-batch-size` (gradients accumulate over the batch) and
+`--gradient-checkpointing`.
+
     python -m training.data --out var/verifier-data --seed 7
     python -m training.train_lora --base-model ~/.cache/reason/models/smollm2-135m-instruct/hf \\
         --data var/verifier-data --out verifier/adapters/smollm2-135m-instruct --seed 7
@@ -16,7 +23,9 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import random
+import shutil
 import sys
 import time
 from dataclasses import asdict, dataclass, field, fields
@@ -61,6 +70,15 @@ class TrainConfig:
     balanced_batches: bool = False
     # Stop early (and save) once this many seconds of training have passed; 0 = no limit.
     time_budget_s: float = 0.0
+    # Claims per forward/backward pass (0 = the whole batch): gradients accumulate over
+    # the batch, so the update is the batch's, at the memory of a micro-batch.
+    micro_batch_size: int = 0
+    # Recompute activations during backward instead of keeping them: less memory for
+    # long prompts or big models, about a third more time per step.
+    gradient_checkpointing: bool = False
+    # Steps between resumable checkpoints in out_dir/checkpoint (0 = none); one is also
+    # written when the time budget stops the run. A rerun with the same config resumes.
+    checkpoint_every: int = 0
     # --- machine and records
     threads: int = 1  # torch CPU threads (1 is fastest on a busy 2-core machine)
     # Where the model trains: "cpu" here; "cuda" (or "cuda:N") for the production
@@ -99,6 +117,8 @@ class TrainConfig:
             raise ValueError("balanced_batches needs an even batch_size")
         if self.time_budget_s < 0:
             raise ValueError("time_budget_s must be >= 0 (0 = no limit)")
+        if self.micro_batch_size < 0 or self.checkpoint_every < 0:
+            raise ValueError("micro_batch_size and checkpoint_every must be >= 0 (0 = off)")
         if self.max_seq_tokens < 16:
             raise ValueError("max_seq_tokens must be >= 16")
         if self.lora_top_layers < 0:
@@ -197,7 +217,68 @@ def balanced_batches(
     return batches[: cfg.max_steps]
 
 
-def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
+CHECKPOINT_DIR = "checkpoint"
+# Fields a resumed run may change: they decide how fast or how long a run goes, not
+# what it computes.
+RESUMABLE_CHANGES = frozenset({"time_budget_s", "threads", "device", "log_every"})
+
+
+def _recipe(cfg: TrainConfig) -> dict[str, Any]:
+    return {k: v for k, v in asdict(cfg).items() if k not in RESUMABLE_CHANGES}
+
+
+def save_checkpoint(
+    directory: Path,
+    cfg: TrainConfig,
+    model: Any,
+    optimizer: torch.optim.Optimizer,
+    step: int,
+    trained_s: float,
+) -> None:
+    """Everything a rerun needs to go on from `step`, written whole or not at all."""
+    from peft import get_peft_model_state_dict
+
+    directory.mkdir(parents=True, exist_ok=True)
+    state = {
+        "step": step,
+        "trained_s": trained_s,
+        "config": _recipe(cfg),
+        "adapter": get_peft_model_state_dict(model),
+        "optimizer": optimizer.state_dict(),
+        "torch_rng": torch.get_rng_state(),
+        "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+    }
+    tmp = directory / "state.pt.tmp"
+    torch.save(state, tmp)
+    os.replace(tmp, directory / "state.pt")
+
+
+def resume(
+    directory: Path, cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer
+) -> tuple[int, float]:
+    """Load a checkpoint of the same config; returns (its step, seconds trained so far)."""
+    from peft import set_peft_model_state_dict
+
+    state = torch.load(directory / "state.pt", map_location=cfg.device, weights_only=False)
+    if state["config"] != _recipe(cfg):
+        changed = sorted(k for k, v in _recipe(cfg).items() if state["config"].get(k) != v)
+        raise ValueError(
+            f"{directory} holds a checkpoint of another config (differs in {', '.join(changed)}); "
+            "rerun with that config to resume, or delete the directory to start over"
+        )
+    set_peft_model_state_dict(model, state["adapter"])
+    optimizer.load_state_dict(state["optimizer"])
+    torch.set_rng_state(state["torch_rng"])
+    if state["cuda_rng"] is not None and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+    return int(state["step"]), float(state["trained_s"])
+
+
+def train(
+    cfg: TrainConfig, progress: bool = True, steps_this_run: int | None = None
+) -> dict[str, Any]:
+    """Train (or resume) the adapter; `steps_this_run` stops this run after that many
+    steps, as a time budget would (the next run resumes from its checkpoint)."""
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM
 
@@ -229,6 +310,13 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         bias="none",
         task_type="CAUSAL_LM",
     )
+    if cfg.gradient_checkpointing:
+        kwargs = {"use_reentrant": False}
+        if hasattr(base, "activation_checkpointing_enable"):  # transformers 5's name
+            base.activation_checkpointing_enable(activation_checkpointing_kwargs=kwargs)
+        else:
+            base.gradient_checkpointing_enable(gradient_checkpointing_kwargs=kwargs)
+        base.enable_input_require_grads()
     model = get_peft_model(base, lora)
     model.train()
     trainable = [p for p in model.parameters() if p.requires_grad]
@@ -238,44 +326,77 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
     rng = random.Random(cfg.seed)
     plan = make_batches(rows, lengths, cfg, rng)
     log_path = out / "train_log.jsonl"
-    log_file = log_path.open("w")
-    steps = range(cfg.max_steps)
+    first_step, trained_s = 0, 0.0
+    checkpoint = out / CHECKPOINT_DIR
+    if (checkpoint / "state.pt").exists():
+        first_step, trained_s = resume(checkpoint, cfg, model, optimizer)
+        kept = (
+            [
+                line
+                for line in log_path.read_text().splitlines()
+                if line.strip() and json.loads(line)["step"] <= first_step
+            ]
+            if log_path.exists()
+            else []
+        )
+        log_path.write_text("".join(line + "\n" for line in kept))
+        print(
+            f"resuming at step {first_step} of {cfg.max_steps} from {checkpoint}", file=sys.stderr
+        )
+    log_file = log_path.open("a")
+    micro = cfg.micro_batch_size or cfg.batch_size
+    last_step = (
+        cfg.max_steps if steps_this_run is None else min(cfg.max_steps, first_step + steps_this_run)
+    )
+    steps = range(first_step, last_step)
     bar = None
     if progress:
         from tqdm import tqdm
 
-        bar = tqdm(steps, desc="lora", unit="step")
+        bar = tqdm(steps, desc="lora", unit="step", initial=first_step, total=cfg.max_steps)
         steps = bar
     started = time.perf_counter()
     window_loss, window_hits, window_n = 0.0, 0, 0
-    steps_done = 0
+    steps_done = first_step
     for step in steps:
         if cfg.time_budget_s and time.perf_counter() - started > cfg.time_budget_s:
             break
         idx = plan[step]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True)
-        enc = {k: v.to(cfg.device) for k, v in enc.items()}
-        labels = torch.tensor([float(rows[i]["label"]) for i in idx], device=cfg.device)
-        mask = enc["attention_mask"]
-        position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
-        logits = model(
-            input_ids=enc["input_ids"],
-            attention_mask=mask,
-            position_ids=position_ids,
-            logits_to_keep=1,
-        ).logits[:, -1, :]
-        z = logits[:, true_id] - logits[:, false_id]
-        loss = torch.nn.functional.binary_cross_entropy_with_logits(z, labels)
+        optimizer.zero_grad(set_to_none=True)
+        for start in range(0, len(idx), micro):
+            part = idx[start : start + micro]
+            enc = tokenizer([prompts[i] for i in part], return_tensors="pt", padding=True)
+            enc = {k: v.to(cfg.device) for k, v in enc.items()}
+            labels = torch.tensor([float(rows[i]["label"]) for i in part], device=cfg.device)
+            mask = enc["attention_mask"]
+            position_ids = (mask.cumsum(-1) - 1).clamp(min=0)
+            logits = model(
+                input_ids=enc["input_ids"],
+                attention_mask=mask,
+                position_ids=position_ids,
+                logits_to_keep=1,
+            ).logits[:, -1, :]
+            z = logits[:, true_id] - logits[:, false_id]
+            loss = torch.nn.functional.binary_cross_entropy_with_logits(z, labels)
+            # the batch's mean loss is the size-weighted sum of its micro-batches' means
+            (loss * (len(part) / len(idx))).backward()
+            window_loss += loss.item() * len(part)
+            window_hits += int(((z > 0).float() == labels).sum())
+            window_n += len(part)
         for group in optimizer.param_groups:
             group["lr"] = lr_at(step, cfg)
-        optimizer.zero_grad(set_to_none=True)
-        loss.backward()
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip_norm)
         optimizer.step()
-        window_loss += loss.item() * len(idx)
-        window_hits += int(((z > 0).float() == labels).sum())
-        window_n += len(idx)
         steps_done = step + 1
+        if cfg.checkpoint_every and steps_done % cfg.checkpoint_every == 0:
+            save_checkpoint(
+                checkpoint,
+                cfg,
+                model,
+                optimizer,
+                steps_done,
+                trained_s + time.perf_counter() - started,
+            )
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps:
             record = {
                 "step": step + 1,
@@ -303,7 +424,11 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
             + "\n"
         )
     log_file.close()
-    elapsed = time.perf_counter() - started
+    elapsed = trained_s + time.perf_counter() - started
+    if steps_done < cfg.max_steps and cfg.checkpoint_every:
+        save_checkpoint(checkpoint, cfg, model, optimizer, steps_done, elapsed)
+    elif steps_done == cfg.max_steps:
+        shutil.rmtree(checkpoint, ignore_errors=True)
 
     model.save_pretrained(str(out))
     adapter_config = out / "adapter_config.json"
@@ -327,6 +452,7 @@ def train(cfg: TrainConfig, progress: bool = True) -> dict[str, Any]:
         "trainable_parameters": n_trainable,
         "train_seconds": round(elapsed, 1),
         "steps_done": steps_done,
+        "resumed_at_step": first_step,
         "seconds_per_step": round(elapsed / max(1, steps_done), 2),
         "torch": torch.__version__,
     }
