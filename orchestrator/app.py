@@ -45,7 +45,7 @@ from services.errors import (
     error_body,
 )
 from services.http import ServiceClient
-from services.logging import configure_logging
+from services.logging import bind_tenant, configure_logging
 from services.schemas import (
     ConsoleConfig,
     ReasonOptions,
@@ -145,7 +145,11 @@ def create_app(
     )
     in_flight = TenantCounter(settings.tenant_max_in_flight)
 
-    def tenant_of(request: Request) -> str:
+    async def tenant_of(request: Request) -> str:
+        """The API key's tenant; with keys configured, every later line of the request
+        names it (`labels.tenant`: the name, never the key), which is what lets
+        `GET /traces/{trace_id}` show a tenant its own requests only. Async, so that it
+        binds in the request's own context (a sync dependency runs in a thread)."""
         if not settings.api_keys:
             return "default"
         header = request.headers.get("authorization", "")
@@ -153,6 +157,7 @@ def create_app(
         if scheme.lower() == "bearer" and token:
             for key, tenant in settings.api_keys.items():
                 if hmac.compare_digest(key.encode(), token.strip().encode()):
+                    bind_tenant(tenant)
                     return tenant
         raise Unauthorized("missing or invalid API key; send Authorization: Bearer <key>")
 
@@ -234,7 +239,9 @@ def create_app(
             )
         release = admit(who)
         try:
-            view = await traces.read(trace_id)
+            # with keys, a tenant sees its own requests' lines only: a trace it has no
+            # request in is as unknown to it as one nobody wrote
+            view = await traces.read(trace_id, tenant=tenant if settings.api_keys else None)
         except TraceLookupError as exc:
             raise DependencyUnavailable(f"trace lookup failed: {exc}") from None
         finally:

@@ -22,6 +22,14 @@ it expires after its keep-alive. Every failure (connection refused, timeout, an 
 status, a body that is not a search response, shard failures that would make the trace
 silently incomplete) raises `TraceLookupError` with a message fit for a terminal.
 
+Tenants: with API keys configured the orchestrator's lines of a request name its
+tenant (`labels.tenant`, services.logging), and `GET /traces/{trace_id}` shows a caller
+only its own requests (`tenant_lines`): the orchestrator spans whose lines name the
+caller's tenant and no other, and the planner and verifier spans they called. A trace
+id is chosen by whoever sends `traceparent`, so one trace may hold the requests of
+several tenants: each sees its own and nothing of the others'. `reason trace` (an
+operator reading the files or the cluster directly) sees every line.
+
 What a log line holds is data, not markup: whoever shows it escapes it (the console
 builds its DOM from text nodes).
 """
@@ -39,6 +47,7 @@ from typing import Any, Literal
 
 import httpx
 
+from services.logging import TENANT_FIELD
 from services.schemas import TraceLine, TraceSpan, TraceView
 from services.tracing import is_trace_id
 
@@ -51,6 +60,7 @@ __all__ = [
     "fetch_trace_lines",
     "flatten_ecs",
     "read_trace",
+    "tenant_lines",
 ]
 
 # Index names and patterns: lowercase, wildcards, comma-separated lists, remote
@@ -63,6 +73,8 @@ PIT_KEEP_ALIVE = "1m"  # each page request renews it
 # Spans nest this deep at most (a request's spans are two or three deep: orchestrator,
 # then planner or verifier); a deeper chain of parent links is shown from its top.
 MAX_SPAN_DEPTH = 32
+# The service whose lines name the tenant of a request (services.logging.bind_tenant).
+TENANT_SERVICE = "orchestrator"
 
 
 class TraceLookupError(Exception):
@@ -525,6 +537,52 @@ def build_view(
     )
 
 
+# --------------------------------------------------------------------------- tenants
+
+
+def tenant_lines(docs: Iterable[Mapping[str, Any]], tenant: str) -> list[dict[str, Any]]:
+    """The lines of `docs` (one trace) that belong to `tenant`'s requests, flattened.
+
+    An orchestrator span is the tenant's when its lines name the tenant
+    (`labels.tenant`) and no other; its lines that name none (written before the key
+    was checked) are the span's all the same. Any other span (planner, verifier) is
+    the tenant's when the nearest orchestrator span above it, by `parent.id`, is: the
+    orchestrator is their only caller, and it is the one that sends them its span. A
+    span that reaches no orchestrator span of the trace, or whose orchestrator lines
+    name no tenant or several, is nobody's. A client can name any parent in its
+    `traceparent`, but its request is its own orchestrator span: naming another's
+    span as its parent puts nothing of that span in its view."""
+    flat = [flatten_ecs(d) for d in docs]
+    parent: dict[str, str] = {}
+    named: dict[str, set[Any]] = {}  # orchestrator span -> the tenants its lines name
+    for doc in flat:
+        sid = doc.get("span.id")
+        if not isinstance(sid, str):
+            continue
+        up = doc.get("parent.id")
+        if isinstance(up, str) and up != sid:
+            parent.setdefault(sid, up)
+        if doc.get("service.name") == TENANT_SERVICE:
+            tenants = named.setdefault(sid, set())
+            if doc.get(TENANT_FIELD) is not None:
+                tenants.add(doc.get(TENANT_FIELD))
+    own = {sid for sid, tenants in named.items() if tenants == {tenant}}
+
+    def owner_is_tenant(sid: str) -> bool:
+        cursor: str | None = sid
+        for _ in range(MAX_SPAN_DEPTH + 1):
+            if cursor is None:
+                return False
+            if cursor in named:  # the nearest orchestrator span decides
+                return cursor in own
+            cursor = parent.get(cursor)
+        return False
+
+    keep = {sid for sid in {d.get("span.id") for d in flat} if isinstance(sid, str)}
+    keep = {sid for sid in keep if owner_is_tenant(sid)}
+    return [d for d in flat if d.get("span.id") in keep]
+
+
 # --------------------------------------------------------------------------- reader
 
 
@@ -562,9 +620,11 @@ class TraceReader:
     def source(self) -> Literal["files", "elasticsearch"]:
         return "elasticsearch" if self.es_url else "files"
 
-    async def read(self, trace_id: str) -> TraceView | None:
-        """The trace's view, or None when no line carries the id. Raises
-        `InvalidTraceId`, and `TraceLookupError` when Elasticsearch fails."""
+    async def read(self, trace_id: str, *, tenant: str | None = None) -> TraceView | None:
+        """The trace's view, or None when no line carries the id. With `tenant`, only the
+        lines of that tenant's requests (`tenant_lines`), and None when it has none: a
+        trace of others is as unknown as one nobody wrote. Raises `InvalidTraceId`, and
+        `TraceLookupError` when Elasticsearch fails."""
         check_trace_id(trace_id)
         if self.es_url:
             docs = await fetch_trace_lines(
@@ -582,7 +642,10 @@ class TraceReader:
             docs = await asyncio.to_thread(
                 read_trace, self.log_dir, trace_id, limit=self.max_lines + 1
             )
+        truncated = len(docs) > self.max_lines
+        docs = docs[: self.max_lines]
+        if tenant is not None:
+            docs = tenant_lines(docs, tenant)
         if not docs:
             return None
-        truncated = len(docs) > self.max_lines
-        return build_view(trace_id, docs[: self.max_lines], source=self.source, truncated=truncated)
+        return build_view(trace_id, docs, source=self.source, truncated=truncated)

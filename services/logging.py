@@ -2,7 +2,9 @@
 
 On a terminal stdout gets a readable console rendering instead; the file always gets
 ECS JSON. Every line carries `service.name` and, inside a request, `trace.id` and
-`span.id` from the active trace context.
+`span.id` from the active trace context; on the orchestrator, with API keys configured,
+every line of a request also carries its tenant (`labels.tenant`, bound by `bind_tenant`
+with `structlog.contextvars`), which is what the trace lookup checks a caller against.
 """
 
 from __future__ import annotations
@@ -20,6 +22,10 @@ from structlog.typing import EventDict
 from services import tracing
 
 _ecs = StructlogFormatter()
+
+# The ECS field that names the tenant of a request's lines: the tenant's name from
+# ORCH_API_KEYS' values, never the key (orchestrator.traces reads it back).
+TENANT_FIELD = "labels.tenant"
 
 
 class _Sink:
@@ -57,6 +63,12 @@ def _add_trace(_: Any, __: str, event_dict: EventDict) -> EventDict:
         if ctx.parent_span_id:
             event_dict.setdefault("parent.id", ctx.parent_span_id)
     return event_dict
+
+
+def bind_tenant(tenant: str) -> None:
+    """Every later line of the current request (its context, and the tasks it starts)
+    names `tenant`, the canonical request line included."""
+    structlog.contextvars.bind_contextvars(**{TENANT_FIELD: tenant})
 
 
 def _drop_none(_: Any, __: str, event_dict: EventDict) -> EventDict:

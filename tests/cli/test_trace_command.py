@@ -9,7 +9,7 @@ import pytest
 from typer.testing import CliRunner
 
 from cli.main import app
-from tests.orchestrator.test_traces import IN_TIME_ORDER, REQUEST, TRACE, write
+from tests.orchestrator.test_traces import IN_TIME_ORDER, REQUEST, SHARED, TRACE, write
 
 pytestmark = pytest.mark.unit
 
@@ -62,3 +62,13 @@ def test_a_bad_id_exits_2_and_an_unknown_one_exits_1(logs: Path, bad: str) -> No
     assert run(bad, "--log-dir", str(logs))[0] == 2
     code, out = run("5" * 32, "--log-dir", str(logs))
     assert code == 1 and "no log lines" in out
+
+
+def test_the_operator_sees_every_tenants_lines(tmp_path: Path) -> None:
+    # what GET /traces/{id} shows each tenant apart, `reason trace` shows whole
+    write(tmp_path / "orchestrator.jsonl", *SHARED)
+    code, out = run(TRACE, "--log-dir", str(tmp_path), "--json")
+    assert code == 0, out
+    lines = [json.loads(row) for row in out.splitlines()]
+    assert len(lines) == len(SHARED)
+    assert {ln.get("labels.tenant") for ln in lines} == {None, "team-a", "team-b"}

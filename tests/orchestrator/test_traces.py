@@ -16,6 +16,7 @@ from orchestrator.traces import (
     TraceReader,
     build_view,
     read_trace,
+    tenant_lines,
 )
 
 pytestmark = pytest.mark.unit
@@ -205,6 +206,72 @@ async def test_an_unreachable_elasticsearch_is_a_lookup_error() -> None:
     )
     with pytest.raises(TraceLookupError, match="cannot connect"):
         await reader.read(TRACE)
+
+
+def tagged(doc: dict[str, Any], tenant: str) -> dict[str, Any]:
+    """`doc` as the orchestrator writes it with API keys: naming its request's tenant."""
+    return {**doc, "labels": {**doc.get("labels", {}), "tenant": tenant}}
+
+
+# one trace id, used by two tenants: team-a's request (o1, calling p1 and v1), then
+# team-b's (o2, calling p2), which named team-a's span as its parent in `traceparent`;
+# a request refused before its key was read (o3, names no tenant); a planner span whose
+# caller is not in the trace (p9); an orchestrator span naming two tenants (o4)
+SHARED = [
+    REQUEST[0],  # o1's first line, written before the line that names the tenant
+    tagged(REQUEST[1], "team-a"),
+    *REQUEST[2:],
+    tagged(line("01.000", "orchestrator", "o2", "POST /reason 200", parent="o1"), "team-b"),
+    line("01.100", "planner", "p2", "POST /plan 200", parent="o2"),
+    line("01.200", "orchestrator", "o3", "POST /reason 401"),
+    line("01.300", "planner", "p9", "POST /plan 200", parent="gone"),
+    tagged(line("01.400", "orchestrator", "o4", "one"), "team-a"),
+    tagged(line("01.500", "orchestrator", "o4", "two"), "team-b"),
+]
+
+
+def spans_of(docs: list[dict[str, Any]]) -> list[str]:
+    return sorted({d["span.id"] for d in docs})
+
+
+def test_a_tenant_sees_its_own_requests_and_what_they_called_only() -> None:
+    mine = tenant_lines(SHARED, "team-a")
+    assert spans_of(mine) == ["o1", "p1", "v1"]
+    assert [d["message"] for d in mine] == [d["message"] for d in REQUEST]  # all five
+    theirs = tenant_lines(SHARED, "team-b")
+    assert spans_of(theirs) == ["o2", "p2"]  # naming o1 as its parent showed none of o1
+    assert not any(d.get("labels.tenant") == "team-a" for d in theirs)
+    assert tenant_lines(SHARED, "team-c") == []
+    assert tenant_lines(REQUEST, "team-a") == []  # lines that name no tenant: nobody's
+    # team-b's request is a root of its own view: its parent is not in it
+    view = build_view(TRACE, theirs, source="files")
+    assert [(s.span_id, s.parent_id, [c.span_id for c in s.children]) for s in view.spans] == [
+        ("o2", "o1", ["p2"])
+    ]
+
+
+def test_a_chain_of_callees_that_loops_belongs_to_nobody() -> None:
+    docs = [
+        tagged(line("00.100", "orchestrator", "o1", "POST /reason 200"), "team-a"),
+        line("00.200", "planner", "p1", "x", parent="p2"),
+        line("00.300", "planner", "p2", "y", parent="p1"),
+    ]
+    assert spans_of(tenant_lines(docs, "team-a")) == ["o1"]
+
+
+async def test_the_reader_shows_a_tenant_its_lines_and_none_when_it_has_none(
+    tmp_path: Path,
+) -> None:
+    for doc in SHARED:
+        write(tmp_path / f"{doc['service']['name']}.jsonl", doc)
+    reader = TraceReader(tmp_path)
+    everything = await reader.read(TRACE)
+    assert everything is not None and everything.lines == len(SHARED)
+    mine = await reader.read(TRACE, tenant="team-a")
+    assert mine is not None and mine.lines == 5
+    assert [s.span_id for s in mine.spans] == ["o1"]
+    assert await reader.read(TRACE, tenant="team-c") is None  # as unknown as "2" * 32
+    assert await reader.read("2" * 32, tenant="team-a") is None
 
 
 @pytest.mark.parametrize(

@@ -276,6 +276,11 @@ def test_an_auth_error_is_shown_and_the_key_stays_out_of_urls_and_logs(
     page.click("#result .trace-link")  # the trace wants the key too, and gets it
     page.wait_for_selector("#trace-out .span")
     assert KEY not in page.url
+    # the tenant's own request, with the planner and verifier spans it called
+    root = page.locator("#trace-out > .spans > .span")
+    assert root.count() == 1
+    nested = root.locator(":scope > .spans > .span > .span-head strong").all_text_contents()
+    assert {"planner", "verifier"} <= set(nested)
     page.reload()  # the tab keeps the key for its session
     page.wait_for_selector("body.ready")
     assert page.input_value("#api_key") == KEY
