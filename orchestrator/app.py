@@ -276,6 +276,7 @@ def trace_reader(settings: OrchestratorSettings) -> TraceReader:
         es_index=settings.trace_es_index,
         es_api_key=api_key or None,
         timeout_s=settings.trace_es_timeout_s,
+        scan_timeout_s=settings.trace_scan_timeout_s,
         max_lines=settings.trace_max_lines,
     )
 

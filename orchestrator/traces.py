@@ -7,9 +7,13 @@ back: `GET /traces/{trace_id}` on the orchestrator (through `TraceReader`) and t
 `reason trace` command both use it, and both show the lines as `build_view` nests them:
 one span per service request, children under the span that called them.
 
-Files: `read_trace` scans the `*.jsonl` files for the id (a byte search first, then a
-JSON parse of the lines that hold it). Each file is appended in time order, so the
-first `limit` matching lines of every file hold the trace's earliest `limit` lines.
+Files: `read_trace` scans the `*.jsonl` files for the id (a byte search of each block
+read, then a JSON parse of the lines that hold it). Each file is appended in time
+order, so the first `limit` matching lines of every file hold the trace's earliest
+`limit` lines. A scan is bounded: no line longer than `MAX_LINE_BYTES` is held (nor
+read as part of the trace), and a scan past its `deadline_s` stops with
+`TraceLookupError`. The files are never opened by a name from a request: the id is
+only searched for.
 
 Elasticsearch: a `term` filter on `trace.id` sorted by `@timestamp` (Elasticsearch
 `_search` API). A trace normally fits in one page, answered by one request. When the
@@ -39,11 +43,12 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-from collections.abc import Iterable, Mapping
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, BinaryIO, Literal
 
 import httpx
 
@@ -73,6 +78,14 @@ PIT_KEEP_ALIVE = "1m"  # each page request renews it
 # Spans nest this deep at most (a request's spans are two or three deep: orchestrator,
 # then planner or verifier); a deeper chain of parent links is shown from its top.
 MAX_SPAN_DEPTH = 32
+# Reading the log files: the bytes read at once, the longest line kept (a longer one is
+# not one of ours: services.logging writes a line of at most a few kilobytes, and a
+# corrupt or foreign file must not be held in memory whole), and the scans of the files
+# one orchestrator runs at once: each holds a thread of the event loop's default
+# executor, which the SQL tool and the sandbox's source checks use too.
+BLOCK_BYTES = 1 << 20
+MAX_LINE_BYTES = 1 << 20
+MAX_CONCURRENT_SCANS = 2
 # The service whose lines name the tenant of a request (services.logging.bind_tenant).
 TENANT_SERVICE = "orchestrator"
 
@@ -348,22 +361,36 @@ def _shorten(value: object, limit: int = 200) -> str:
 # --------------------------------------------------------------------------- log files
 
 
-def read_trace(log_dir: Path, trace_id: str, *, limit: int | None = None) -> list[dict[str, Any]]:
+def read_trace(
+    log_dir: Path,
+    trace_id: str,
+    *,
+    limit: int | None = None,
+    deadline_s: float | None = None,
+) -> list[dict[str, Any]]:
     """Every log line of one trace from the services' log files (`*.jsonl`), flattened
-    (`flatten_ecs`) and ordered by time; with `limit`, the earliest `limit` of them."""
+    (`flatten_ecs`) and ordered by time; with `limit`, the earliest `limit` of them.
+    `deadline_s` bounds the scan (seconds; past it, `TraceLookupError`)."""
     check_trace_id(trace_id)
+    give_up = None if deadline_s is None else time.monotonic() + deadline_s
+
+    def expired() -> None:
+        if give_up is not None and time.monotonic() > give_up:
+            raise TraceLookupError(
+                f"reading the log files took longer than {deadline_s:g}s; the trace is not shown"
+            )
+
     lines: list[dict[str, Any]] = []
     needle = trace_id.encode()
     for path in sorted(log_dir.glob("*.jsonl")):
+        expired()
         found = 0
         try:
             f = path.open("rb")
         except OSError:
             continue  # a file rotated away between the listing and the open
         with f:
-            for raw in f:
-                if needle not in raw:
-                    continue
+            for raw in _lines_with(f, needle, expired):
                 try:
                     doc = json.loads(raw)
                 except ValueError:
@@ -379,6 +406,38 @@ def read_trace(log_dir: Path, trace_id: str, *, limit: int | None = None) -> lis
                     break  # the file is in time order: the rest are later
     lines.sort(key=_sort_key)
     return lines if limit is None else lines[:limit]
+
+
+def _lines_with(f: BinaryIO, needle: bytes, expired: Callable[[], None]) -> Iterator[bytes]:
+    """The lines of `f` that hold `needle`, read a block at a time; a line longer than
+    `MAX_LINE_BYTES` is skipped without being held. `expired` is asked before each
+    block (it raises when the scan has run out of time)."""
+    tail = b""  # the start of a line the next block goes on with
+    skipping = False  # inside a line too long to keep
+    while True:
+        expired()
+        block = f.read(BLOCK_BYTES)
+        if not block:
+            break
+        if skipping:
+            newline = block.find(b"\n")
+            if newline < 0:
+                continue
+            block, skipping = block[newline + 1 :], False
+        data = tail + block
+        last = data.rfind(b"\n")
+        complete, tail = data[: last + 1], data[last + 1 :]
+        if len(tail) > MAX_LINE_BYTES:
+            tail, skipping = b"", True
+        at = complete.find(needle)
+        while at >= 0:
+            begin = complete.rfind(b"\n", 0, at) + 1
+            end = complete.find(b"\n", at)
+            if end - begin <= MAX_LINE_BYTES:
+                yield complete[begin:end]
+            at = complete.find(needle, end + 1)
+    if needle in tail:
+        yield tail  # the last line, without its newline
 
 
 def _sort_key(doc: Mapping[str, Any]) -> tuple[float, str]:
@@ -600,6 +659,7 @@ class TraceReader:
         es_index: str = "reason-logs-*",
         es_api_key: str | None = None,
         timeout_s: float = 5.0,
+        scan_timeout_s: float = 10.0,
         max_lines: int = 5000,
         transport: httpx.AsyncBaseTransport | None = None,
     ) -> None:
@@ -608,6 +668,10 @@ class TraceReader:
         _check_index_and_key(es_index, es_api_key)
         if not 1 <= max_lines < MAX_PAGE_SIZE:
             raise TraceLookupError(f"max_lines must be 1..{MAX_PAGE_SIZE - 1}, got {max_lines}")
+        if scan_timeout_s <= 0:
+            raise TraceLookupError(f"scan_timeout_s must be positive, got {scan_timeout_s}")
+        self.scan_timeout_s = scan_timeout_s
+        self._scans = asyncio.Semaphore(MAX_CONCURRENT_SCANS)
         self.log_dir = log_dir
         self.es_url = es_url
         self.es_index = es_index
@@ -638,10 +702,7 @@ class TraceReader:
                 transport=self._transport,
             )
         else:
-            # the files are read in a thread: a large log must not stall the event loop
-            docs = await asyncio.to_thread(
-                read_trace, self.log_dir, trace_id, limit=self.max_lines + 1
-            )
+            docs = await self._scan(trace_id)
         truncated = len(docs) > self.max_lines
         docs = docs[: self.max_lines]
         if tenant is not None:
@@ -649,3 +710,29 @@ class TraceReader:
         if not docs:
             return None
         return build_view(trace_id, docs, source=self.source, truncated=truncated)
+
+    async def _scan(self, trace_id: str) -> list[dict[str, Any]]:
+        """The files, read in a thread (a large log must not stall the event loop), at
+        most `MAX_CONCURRENT_SCANS` at once, waiting and reading within
+        `scan_timeout_s` together: a thread cannot be cancelled, so the scan itself
+        stops at the deadline."""
+        started = time.monotonic()
+        try:
+            async with asyncio.timeout(self.scan_timeout_s):
+                await self._scans.acquire()
+        except TimeoutError:
+            raise TraceLookupError(
+                f"no scan of the log files could start within {self.scan_timeout_s:g}s "
+                "(others are running)"
+            ) from None
+        try:
+            left = self.scan_timeout_s - (time.monotonic() - started)
+            return await asyncio.to_thread(
+                read_trace,
+                self.log_dir,
+                trace_id,
+                limit=self.max_lines + 1,
+                deadline_s=max(left, 0.001),
+            )
+        finally:
+            self._scans.release()

@@ -199,12 +199,15 @@ class OrchestratorSettings(CommonSettings):
     # from Elasticsearch when `trace_es_url` is set (credentials may be in the URL, or an
     # encoded API key in `trace_es_api_key`), else from the services' log files in
     # `trace_log_dir` (unset = `log_dir`: `reason serve` has all three services write
-    # there). At most `trace_max_lines` lines of a trace are shown, the earliest.
+    # there). At most `trace_max_lines` lines of a trace are shown, the earliest. A scan
+    # of the log files (waiting for its turn included: two run at once) stops after
+    # `trace_scan_timeout_s` seconds, a 503.
     trace_es_url: SecretStr | None = None
     trace_es_index: str = "reason-logs-*"
     trace_es_api_key: SecretStr | None = None
     trace_es_timeout_s: float = Field(default=5.0, gt=0, le=60)
     trace_log_dir: Path | None = None
+    trace_scan_timeout_s: float = Field(default=10.0, gt=0, le=120)
     trace_max_lines: int = Field(default=5000, ge=1, le=9999)
     sandbox_workers: int = Field(default=2, ge=1, le=32)
     sandbox_memory_mb: int = Field(default=256, ge=64)

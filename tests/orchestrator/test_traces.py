@@ -3,13 +3,17 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
+import threading
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
 
+from orchestrator import traces
 from orchestrator.traces import (
     InvalidTraceId,
     TraceLookupError,
@@ -100,6 +104,76 @@ def test_a_limit_keeps_the_earliest_lines(logs: Path) -> None:
 def test_only_a_trace_id_is_looked_up(logs: Path, bad: str) -> None:
     with pytest.raises(InvalidTraceId):
         read_trace(logs, bad)
+
+
+def test_a_line_too_long_to_be_ours_is_skipped_and_the_lines_after_it_are_read(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(traces, "MAX_LINE_BYTES", 2000, raising=False)
+    monkeypatch.setattr(traces, "BLOCK_BYTES", 700, raising=False)  # lines across blocks
+    huge = {**line("00.010", "orchestrator", "o1", "huge"), "padding": "x" * 5000}
+    write(
+        tmp_path / "orchestrator.jsonl",
+        huge,
+        REQUEST[0],
+        {**huge, "message": "long", "padding": "y" * 1500},  # within the bound
+        huge,
+        REQUEST[1],
+    )
+    with (tmp_path / "orchestrator.jsonl").open("a") as f:
+        f.write(json.dumps(line("00.950", "orchestrator", "o1", "last")))  # no newline
+    assert [ln["message"] for ln in read_trace(tmp_path, TRACE)] == [
+        "long",
+        "plan drawn",
+        "POST /reason 200",
+        "last",
+    ]
+
+
+def test_a_scan_past_its_deadline_stops_with_a_lookup_error(tmp_path: Path) -> None:
+    write(tmp_path / "orchestrator.jsonl", *REQUEST)
+    with pytest.raises(TraceLookupError, match="took longer than"):
+        read_trace(tmp_path, TRACE, deadline_s=-1)
+    assert len(read_trace(tmp_path, TRACE, deadline_s=30)) == 5
+
+
+async def test_the_reader_gives_up_when_the_files_take_too_long(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def slow(log_dir: Path, trace_id: str, **kw: Any) -> list[dict[str, Any]]:
+        assert kw["deadline_s"] <= 0.2  # the scan is told its time
+        raise TraceLookupError("reading the log files took longer than 0.2s")
+
+    monkeypatch.setattr(traces, "read_trace", slow)
+    with pytest.raises(TraceLookupError, match="took longer"):
+        await TraceReader(tmp_path, scan_timeout_s=0.2).read(TRACE)
+
+
+async def test_only_so_many_scans_of_the_files_run_at_once(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    running, most = 0, 0
+    lock = threading.Lock()
+
+    def scan(log_dir: Path, trace_id: str, **kw: Any) -> list[dict[str, Any]]:
+        nonlocal running, most
+        with lock:
+            running += 1
+            most = max(most, running)
+        time.sleep(0.1)
+        with lock:
+            running -= 1
+        return list(REQUEST)
+
+    monkeypatch.setattr(traces, "read_trace", scan)
+    reader = TraceReader(tmp_path)
+    views = await asyncio.gather(*(reader.read(TRACE) for _ in range(6)))
+    assert all(v is not None and v.lines == 5 for v in views)
+    assert most == 2  # the event loop's other threads stay free for the tools
+    # a lookup that cannot start within its time is a lookup error, not a wait
+    hurried = TraceReader(tmp_path, scan_timeout_s=0.05)
+    results = await asyncio.gather(*(hurried.read(TRACE) for _ in range(4)), return_exceptions=True)
+    assert any(isinstance(r, TraceLookupError) for r in results)
 
 
 def test_spans_nest_under_their_caller_with_times_from_the_trace_start() -> None:
