@@ -243,7 +243,15 @@ def create_app(
             # request in is as unknown to it as one nobody wrote
             view = await traces.read(trace_id, tenant=tenant if settings.api_keys else None)
         except TraceLookupError as exc:
-            raise DependencyUnavailable(f"trace lookup failed: {exc}") from None
+            # the detail (the cluster's address, its own error text) is for the operator
+            log.warning(
+                "trace lookup failed",
+                **{"event.action": "traces.lookup", "error.message": str(exc)},
+            )
+            where = "Elasticsearch" if traces.source == "elasticsearch" else "the log files"
+            raise DependencyUnavailable(
+                f"trace lookup failed: {where} could not be read in full; retry shortly"
+            ) from None
         finally:
             release()
         if view is None:

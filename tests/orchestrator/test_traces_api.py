@@ -144,7 +144,27 @@ def test_a_failing_elasticsearch_is_a_503_with_retry_after(tmp_path: Path) -> No
     assert r.status_code == 503 and int(r.headers["retry-after"]) > 0
     error = r.json()["error"]
     assert error["type"] == "dependency_unavailable"
-    assert "cluster_block_exception" in error["message"] and "es.example" not in error["message"]
+    assert "Elasticsearch" in error["message"]
+    # the cluster's own words go to the log, for the operator
+    assert "cluster_block_exception" not in error["message"]
+    assert "cluster_block_exception" in (tmp_path / "own" / "orchestrator.jsonl").read_text()
+
+
+def test_a_lookup_error_tells_the_client_neither_the_clusters_address_nor_its_text(
+    tmp_path: Path,
+) -> None:
+    def down(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("[Errno 111] Connection refused")
+
+    with client(tmp_path, traces=es_reader(down)) as c:
+        r = c.get(f"/traces/{TRACE}")
+    assert r.status_code == 503
+    assert "es.example" not in r.text and "Errno" not in r.text
+    assert r.json()["error"]["message"] == (
+        "trace lookup failed: Elasticsearch could not be read in full; retry shortly"
+    )
+    logged = (tmp_path / "own" / "orchestrator.jsonl").read_text()
+    assert "cannot connect to Elasticsearch at http://es.example:9200" in logged
 
 
 def test_the_settings_choose_where_traces_are_read(tmp_path: Path) -> None:
