@@ -526,6 +526,7 @@ def build_view(
             seen.add(cursor)
             cursor = parent_of.get(cursor)
         parent_of[sid] = p
+    _bound_depth(parent_of)
 
     starts: dict[str, datetime | None] = {}
     ends: dict[str, datetime | None] = {}
@@ -594,6 +595,26 @@ def build_view(
         duration_ms=offset(t_end) if t_end is not None else None,
         spans=[span_view(sid) for sid in roots],
     )
+
+
+def _bound_depth(parent_of: dict[str, str | None]) -> None:
+    """Cut the links (acyclic by now) that would nest a span more than MAX_SPAN_DEPTH
+    deep: the span below the cut starts a tree of its own. The check as links are made
+    sees only the spans already linked, so a chain listed from its bottom up would
+    otherwise nest as deep as it is long (past the recursion limit of the view)."""
+    depth: dict[str, int] = {}
+    for sid in parent_of:
+        chain: list[str] = []
+        cursor: str | None = sid
+        while cursor is not None and cursor not in depth:
+            chain.append(cursor)
+            cursor = parent_of[cursor]
+        level = depth[cursor] if cursor is not None else 0
+        for span in reversed(chain):  # from the top down
+            level += 1
+            if level > MAX_SPAN_DEPTH:
+                parent_of[span], level = None, 1
+            depth[span] = level
 
 
 # --------------------------------------------------------------------------- tenants

@@ -230,6 +230,19 @@ def test_a_chain_of_parents_nests_only_so_deep() -> None:
     assert view.model_dump_json()  # serialises without running out of stack
 
 
+def test_a_chain_listed_from_its_bottom_up_nests_only_so_deep_too() -> None:
+    # each line names a parent that has not been seen yet
+    docs = [line("00.100", "svc", f"s{k}", str(k), parent=f"s{k + 1}") for k in range(1500)]
+    docs.append(line("00.100", "svc", "s1500", "top"))
+    view = build_view(TRACE, docs, source="files")
+
+    def deepest(spans: list[Any]) -> int:
+        return 1 + max((deepest(s.children) for s in spans), default=0) if spans else 0
+
+    assert deepest(view.spans) <= 32
+    assert view.lines == 1501 and view.model_dump_json()
+
+
 def test_lines_without_a_readable_time_come_last_without_offsets() -> None:
     docs = [line("00.100", "svc", "s1", "timed"), {**line("00.000", "svc", "s1", "odd")}]
     docs[1]["@timestamp"] = "yesterday"
