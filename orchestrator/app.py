@@ -348,6 +348,18 @@ async def _stream(
             )
             await queue.put(("result", result.model_dump(mode="json")))
         except ServiceError as exc:
+            # the request line says 200 (the stream had begun): this line says how it
+            # ended, at the level the JSON answer's error would have been logged at
+            ended = {
+                "event.action": "reason.stream_error",
+                "error.type": exc.error_type,
+                "error.message": exc.message,
+                "labels.status": exc.status_code,
+            }
+            if exc.status_code >= 500:
+                log.warning("the stream ended with an error", **ended)
+            else:
+                log.info("the stream ended with an error", **ended)
             await queue.put(("error", error(exc)))
         except Exception:
             log.exception("stream failed")

@@ -21,6 +21,7 @@ from orchestrator.service import ReasonService
 from orchestrator.tools.base import ToolContext
 from orchestrator.tools.calc import calc
 from orchestrator.tools.registry import Tool, ToolRegistry
+from orchestrator.traces import build_view, read_trace
 from services import toolspecs
 from services.errors import DependencyUnavailable
 from services.schemas import (
@@ -345,6 +346,17 @@ def test_the_stream_error_carries_the_status_and_retry_time_of_the_json_answer(
     assert error.error.type == "dependency_unavailable" == plain.json()["error"]["type"]
     assert (error.status, error.retry_after_s) == (503, int(plain.headers["retry-after"]))
     assert plain.status_code == 503
+    # the stream's request line says 200; its trace says how it ended, as the JSON one's
+    lines = read_trace(tmp_path, r.headers["x-trace-id"])
+    requests = [ln for ln in lines if ln.get("event.kind") == "request"]
+    assert [ln["http.response.status_code"] for ln in requests] == [200]
+    (ended,) = [ln for ln in lines if ln.get("event.action") == "reason.stream_error"]
+    assert (ended["log.level"], ended["error.type"], ended["labels.status"]) == (
+        "warning",
+        "dependency_unavailable",
+        503,
+    )
+    assert build_view(r.headers["x-trace-id"], lines, source="files").spans[0].error is True
 
 
 def test_without_events_all_the_stream_is_as_it_always_was(tmp_path: Path) -> None:
