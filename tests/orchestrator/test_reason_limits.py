@@ -5,6 +5,7 @@ further jobs wait for its own slots)."""
 from __future__ import annotations
 
 import asyncio
+import time
 
 import httpx
 import pytest
@@ -157,3 +158,30 @@ def test_a_tenant_runs_at_most_its_share_of_sandbox_jobs(tmp_path) -> None:
 
         runs = asyncio.run(tool_runs())
         assert [r.json()["status"] for r in runs] == ["ok", "ok"] and tools.max_jobs == 1
+
+
+def test_a_stream_closed_by_its_client_cancels_its_work_and_gives_its_slot_back(
+    tmp_path,
+) -> None:
+    tools = ToolSwitch()
+    script = {**SCRIPT, "long": [[plan(("s1", "sleep", "30", []))]]}
+    with orchestrator_stack(
+        tmp_path, FakePlanner(script), FakeVerifier(), tools, api_keys=KEYS, tenant_max_in_flight=1
+    ) as url:
+        with httpx.stream(
+            "POST",
+            f"{url}/reason?events=all",
+            json={"question": "long", "options": {"use_cache": False}},
+            headers={"Accept": "text/event-stream", "Authorization": A},
+            timeout=10,
+        ) as r:
+            for line in r.iter_lines():  # the plan is drawn, its step is running
+                if line == "event: plan":
+                    break
+        # the client is gone mid-step: its step is cancelled, its slot free again
+        deadline = time.monotonic() + 5
+        while tools.cancelled == 0 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert (tools.started, tools.cancelled) == (1, 1)
+        again = asyncio.run(post(url, "quick", A))
+        assert again.status_code == 200, again.text
