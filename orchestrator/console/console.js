@@ -170,6 +170,9 @@
 
   async function ask(event) {
     event.preventDefault();
+    // one request at a time: Enter submits the form even while the button is disabled,
+    // and a second stream would draw its events into the first one's graphs
+    if ($("ask").disabled) return;
     const question = $("question").value.trim();
     const errorBox = $("ask-error");
     errorBox.hidden = true;
@@ -568,6 +571,11 @@
     errorBox.hidden = true;
     $("trace-id").value = id;
     if (!id) return;
+    if (/^\.{1,2}$/.test(id)) {
+      // a dot segment: the URL would resolve to another path, not to this id
+      showError(errorBox, null, "not a trace id: a trace id is 32 hexadecimal characters");
+      return;
+    }
     out.append(el("p", { class: "busy", text: "Reading the trace…" }));
     let response;
     try {
@@ -583,7 +591,14 @@
       showError(errorBox, status, body, retryAfter);
       return;
     }
-    drawTrace(out, await response.json());
+    let view;
+    try {
+      view = await response.json();
+    } catch (_) {
+      showError(errorBox, null, `${response.status} ${response.statusText} (the reply was not a trace)`);
+      return;
+    }
+    drawTrace(out, view);
   }
 
   function drawTrace(out, view) {
@@ -654,7 +669,12 @@
     $("nav-ask").toggleAttribute("aria-current", !trace);
     $("nav-trace").toggleAttribute("aria-current", Boolean(trace));
     if (trace) {
-      const id = trace[1] ? decodeURIComponent(trace[1]) : "";
+      let id = trace[1] || "";
+      try {
+        id = decodeURIComponent(id);
+      } catch (_) {
+        // a malformed escape: the id as written, for the service to refuse
+      }
       openTrace(id);
       if (!id) $("trace-id").focus();
     }

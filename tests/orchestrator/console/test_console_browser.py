@@ -105,15 +105,17 @@ def test_a_question_draws_its_plan_as_a_graph_and_fills_in_each_step(
     page: Any, stack: Stack
 ) -> None:
     open_console(page, stack)
-    # record every state a node goes through, to see them fill in as the steps finish
+    # record the graph's states as the page changes, to see it drawn before its steps
+    # ran and filled in one step at a time (each event is drawn in a task of its own)
     page.evaluate(
         """() => {
             window.__seen = [];
-            new MutationObserver((changes) => {
-                for (const c of changes) {
-                    const n = c.target.closest && c.target.closest('.node');
-                    if (n) window.__seen.push(n.dataset.step + ':' + n.getAttribute('class'));
-                }
+            const state = (n) => n.dataset.step + ':' +
+                (['ok', 'pending'].find((s) => n.classList.contains(s)) || 'other');
+            new MutationObserver(() => {
+                const nodes = Array.from(document.querySelectorAll('#rounds .plan .node'));
+                const now = nodes.map(state).join(' ');
+                if (now && window.__seen[window.__seen.length - 1] !== now) window.__seen.push(now);
             }).observe(document.body, {subtree: true, attributes: true, attributeFilter: ['class'],
                                        childList: true});
         }"""
@@ -132,8 +134,12 @@ def test_a_question_draws_its_plan_as_a_graph_and_fills_in_each_step(
     assert "answer" in answer.text_content()
     assert re.search(r"ok · [\d.]+ ms", nodes.nth(0).locator(".node-status").text_content())
     # the nodes were drawn pending, before their steps finished, then filled in
-    seen = page.evaluate("window.__seen")
-    assert any(s.startswith("s3:") and "ok" in s for s in seen)
+    assert page.evaluate("window.__seen") == [
+        "s1:pending s2:pending s3:pending",
+        "s1:ok s2:pending s3:pending",
+        "s1:ok s2:ok s3:pending",
+        "s1:ok s2:ok s3:ok",
+    ]
     assert card.get_attribute("class").split().count("served") == 1
     # the verdict, the confidence and what it was made of, the stage timings, the trace
     assert page.text_content("#verdict") == "verified"
@@ -362,3 +368,37 @@ def test_it_reads_at_a_phones_width_without_scrolling_sideways(page: Any, stack:
     page.click("#result .trace-link")
     page.wait_for_selector("#trace-out .span")
     assert fits()
+
+
+def test_one_question_at_a_time_even_when_enter_is_pressed_again(page: Any, stack: Stack) -> None:
+    open_console(page, stack)
+    asked: list[str] = []
+    page.on("request", lambda r: asked.append(r.url) if "/reason" in r.url else None)
+    page.fill("#question", NATALIA)
+    page.fill("#n_plans", "1")
+    page.set_checked("#use_cache", False)
+    # Enter submits the form whatever the button's state: twice, before any answer
+    page.evaluate(
+        "() => { const f = document.getElementById('ask-form'); f.requestSubmit(); f.requestSubmit(); }"
+    )
+    assert answered(page) == "72"
+    assert len(asked) == 1
+    assert page.locator(".round").count() == 1 and page.locator(".plan").count() == 1
+
+
+@pytest.mark.parametrize(
+    ("fragment", "says"),
+    [
+        ("..", "not a trace id"),  # a dot segment: the request would go to another path
+        ("%E0%A4%A", "422 validation_error: trace_id"),  # a malformed escape in the link
+    ],
+)
+def test_a_trace_link_that_is_no_trace_id_is_an_error_not_a_blank_view(
+    page: Any, stack: Stack, fragment: str, says: str
+) -> None:
+    open_console(page, stack)
+    page.goto(stack.url("orchestrator") + "/#/trace/" + fragment)
+    page.wait_for_selector("#trace-error:not([hidden])")
+    assert says in page.text_content("#trace-error")
+    assert page.is_visible("#trace-view") and page.locator("#trace-out .span").count() == 0
+    assert not [p for p in page.problems if p.startswith("pageerror")]
