@@ -148,3 +148,10 @@ def test_the_config_says_whether_keys_are_wanted_and_never_a_key(tmp_path: Path)
     schema = ReasonOptions.model_json_schema()["properties"]
     assert options["n_plans"] == schema["n_plans"]  # the bounds come from the wire schema
     assert (options["deadline_s"]["minimum"], options["deadline_s"]["maximum"]) == (0.1, 120)
+
+
+def test_ci_says_it_is_ci_so_the_browser_tests_cannot_skip_there() -> None:
+    # tests/orchestrator/console/conftest.py skips without a browser unless CI=true
+    entry = (REPO / ".ci" / "run").read_text()
+    assert re.search(r'^export CI="\$\{CI:-true\}"$', entry, re.M)
+    assert entry.index("export CI=") < entry.index("exec scripts/test.sh")
