@@ -373,8 +373,9 @@ async def _stream(
             if event in ("result", "error"):
                 break
     finally:
-        if not task.done():
+        if not task.done():  # the stream ended before the answer: its client went away
             task.cancel()
+            log.info("client disconnected, work cancelled", **{"event.action": "request.cancelled"})
 
 
 def _stream_error(exc: ServiceError) -> dict[str, Any]:

@@ -10,6 +10,7 @@ import time
 import httpx
 import pytest
 
+from orchestrator.traces import read_trace
 from tests.orchestrator.helpers import (
     FakePlanner,
     FakeVerifier,
@@ -175,6 +176,7 @@ def test_a_stream_closed_by_its_client_cancels_its_work_and_gives_its_slot_back(
             headers={"Accept": "text/event-stream", "Authorization": A},
             timeout=10,
         ) as r:
+            trace_id = r.headers["x-trace-id"]
             for line in r.iter_lines():  # the plan is drawn, its step is running
                 if line == "event: plan":
                     break
@@ -185,3 +187,6 @@ def test_a_stream_closed_by_its_client_cancels_its_work_and_gives_its_slot_back(
         assert (tools.started, tools.cancelled) == (1, 1)
         again = asyncio.run(post(url, "quick", A))
         assert again.status_code == 200, again.text
+    # its trace says the client went away, as a JSON request's does
+    actions = [ln.get("event.action") for ln in read_trace(tmp_path, trace_id)]
+    assert "request.cancelled" in actions

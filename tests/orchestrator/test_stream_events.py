@@ -329,6 +329,9 @@ def test_the_stream_frames_every_event_and_ends_with_the_result(tmp_path: Path) 
     step = events[2][1]
     assert (step["round"], step["plan"], step["id"], step["status"]) == (1, 0, "s1", "ok")
     assert events[-1][1]["answer"] == "72" and events[-1][1]["trace_id"] == r.headers["x-trace-id"]
+    # read to its end: nothing was cancelled
+    lines = read_trace(tmp_path, r.headers["x-trace-id"])
+    assert "request.cancelled" not in {ln.get("event.action") for ln in lines}
 
 
 def test_the_stream_error_carries_the_status_and_retry_time_of_the_json_answer(
