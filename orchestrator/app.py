@@ -142,6 +142,9 @@ def create_app(
         lifespan=lifespan,
         readiness=readiness,
         limits=settings.http_limits(),
+        # the console keeps its API key in this origin's session storage: no page of
+        # this origin loads a script from elsewhere (FastAPI's /docs load theirs from a CDN)
+        api_docs=False,
     )
     in_flight = TenantCounter(settings.tenant_max_in_flight)
 

@@ -291,10 +291,15 @@ def create_service_app(
     readiness: ReadinessCheck | None = None,
     max_body_bytes: int = 1_000_000,
     limits: HttpLimits | None = None,
+    api_docs: bool = True,
 ) -> FastAPI:
     """`limits` (a service's `settings.http_limits()`) bound the HTTP front; without it
-    the defaults apply, with `max_body_bytes`."""
-    app = FastAPI(title=name, version=version, lifespan=lifespan)
+    the defaults apply, with `max_body_bytes`. `api_docs`: FastAPI's `/docs` and
+    `/redoc` pages (`/openapi.json` is always served); they load their scripts from a
+    CDN under no Content-Security-Policy, so a service whose origin holds a page with a
+    secret in its storage (the orchestrator's console) goes without them."""
+    docs = {} if api_docs else {"docs_url": None, "redoc_url": None}
+    app = FastAPI(title=name, version=version, lifespan=lifespan, **docs)
     app.state.service_name = name
 
     @app.exception_handler(ServiceError)

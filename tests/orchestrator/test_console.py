@@ -88,6 +88,19 @@ def test_nothing_else_is_served_and_a_miss_is_the_error_body(tmp_path: Path, pat
     assert "import" not in r.text
 
 
+@pytest.mark.parametrize("path", ["/docs", "/redoc", "/docs/oauth2-redirect"])
+def test_no_page_of_the_consoles_origin_loads_a_script_from_elsewhere(
+    tmp_path: Path, path: str
+) -> None:
+    # the key is in this origin's session storage: FastAPI's API pages, which load their
+    # scripts from a CDN under no policy, would share it
+    with client(tmp_path) as c:
+        r = c.get(path)
+        schema = c.get("/openapi.json")
+    assert r.status_code == 404 and r.json()["error"]["type"] == "not_found"
+    assert schema.status_code == 200 and "/reason" in schema.json()["paths"]
+
+
 def test_the_page_never_writes_model_or_client_text_as_markup() -> None:
     script = (CONSOLE_DIR / "console.js").read_text()
     for sink in ("innerHTML", "outerHTML", "insertAdjacentHTML", "document.write", "eval("):
