@@ -15,6 +15,7 @@ from collections.abc import Collection
 from services.errors import PlanInvalid
 from services.plans import check_plan, parse_plan
 from services.schemas import MAX_STEP_INPUT_CHARS, PLAN_REASONING_CHARS, Plan, PlanStep
+from services.toolspecs import python_gives_answer
 
 # A fenced block; the closing fence may be missing when the draft ran to its token limit
 # or the model stopped right after the code.
@@ -64,7 +65,7 @@ def plan_from_draft(text: str, tool_names: Collection[str]) -> Plan:
     reasoning = _reasoning(text[: blocks[0][2]])
     python = [body for lang, body, _ in blocks if _is_python(lang, body)]
     if python and "python" in tool_names:
-        code = python[-1].strip("\n")
+        code = with_answer(python[-1].strip("\n"))
         if len(code) > MAX_STEP_INPUT_CHARS:
             raise DraftRefused(
                 f"the draft's program is longer than {MAX_STEP_INPUT_CHARS} characters"
@@ -83,6 +84,44 @@ def plan_from_draft(text: str, tool_names: Collection[str]) -> Plan:
                 plan = plan.model_copy(update={"reasoning": reasoning})
             return plan
     raise PlanInvalid("the draft has no python program and no JSON plan")
+
+
+def with_answer(code: str) -> str:
+    """The draft's program, ending so that the python tool's answer rule reads an answer.
+
+    Coder models often end a program with the assignment of the answer (`total = a + b`)
+    or with a function they never call (`def solution(): ...`), which by the rule
+    (`services.toolspecs.PYTHON_ANSWER_RULE`) answers nothing. Such a program gets one
+    line, `result = total` or `result = solution()` (for a function that needs no
+    arguments): the convention of program-aided prompting, where the answer is the last
+    quantity the program computes. Any other program is returned as written; the planner
+    then asks the model again for one that answers.
+    """
+    try:
+        tree = ast.parse(code)
+    except (SyntaxError, ValueError, RecursionError, MemoryError):
+        return code
+    if not tree.body or python_gives_answer(tree):
+        return code
+    last = tree.body[-1]
+    answer: str | None = None
+    if isinstance(last, ast.Assign):
+        if len(last.targets) == 1 and isinstance(last.targets[0], ast.Name):
+            answer = last.targets[0].id
+    elif isinstance(last, ast.AugAssign | ast.AnnAssign):
+        if isinstance(last.target, ast.Name) and not (
+            isinstance(last, ast.AnnAssign) and last.value is None
+        ):
+            answer = last.target.id
+    elif isinstance(last, ast.FunctionDef) and not _required_arguments(last.args):
+        answer = f"{last.name}()"
+    return code if answer is None else f"{code}\nresult = {answer}"
+
+
+def _required_arguments(args: ast.arguments) -> bool:
+    positional = [*args.posonlyargs, *args.args]
+    keyword_defaults = [d for d in args.kw_defaults if d is None]
+    return len(positional) > len(args.defaults) or bool(keyword_defaults)
 
 
 def _reasoning(text: str) -> str:

@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from planner.backends.base import Generation, GenerationRequest
-from planner.drafts import MAX_DRAFT_CHARS, plan_from_draft
+from planner.drafts import MAX_DRAFT_CHARS, plan_from_draft, with_answer
 from planner.prompting import (
     PLAN_FORMATS,
     build_messages,
@@ -110,6 +110,42 @@ def test_a_python_draft_is_a_one_step_python_plan() -> None:
 def test_drafts_the_way_models_write_them(text: str) -> None:
     plan = plan_from_draft(text, NAMES)
     assert plan.steps[0].input == CODE and plan.reasoning == "Add them."
+
+
+@pytest.mark.parametrize(
+    ("code", "added"),
+    [
+        ("a = 3\nb = 4\ntotal = a + b", "result = total"),
+        ("total = 3\ntotal += 4", "result = total"),
+        ("total: int = 3 + 4", "result = total"),
+        ("def solution():\n    a = 3\n    return a + 4", "result = solution()"),
+        ("def solution(a=3, *, b=4):\n    return a + b", "result = solution()"),
+    ],
+)
+def test_a_program_that_ends_on_its_answer_unsaid_gets_the_answer_line(
+    code: str, added: str
+) -> None:
+    plan = plan_from_draft(f"Add them.\n```python\n{code}\n```", NAMES)
+    assert plan.steps[0].input == f"{code}\n{added}"
+    from planner.service import check_python_steps
+
+    check_python_steps(plan)  # the planner takes it at once: no second generation
+
+
+@pytest.mark.parametrize(
+    "code",
+    [
+        CODE,  # sets result
+        "a = 3\na + 4",  # ends with an expression
+        "a = 3\nprint(a + 4)",  # prints: the rule reads the printed text
+        "a, b = 3, 4",  # no single answer
+        "def f(x):\n    return x + 1",  # needs an argument
+        "for i in range(3):\n    pass",  # nothing to answer with
+        "x: int",  # annotated, never assigned
+    ],
+)
+def test_other_programs_are_left_as_written(code: str) -> None:
+    assert with_answer(code) == code
 
 
 def test_a_json_block_or_a_bare_plan_is_read_as_the_plan() -> None:
