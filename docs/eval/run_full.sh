@@ -20,12 +20,14 @@
 #     docs/eval/run_full.sh 200 10 &
 # and `cat var/eval/part2/gsm8k-*.jsonl` onto the committed files afterwards (a run with
 # EVAL_START leaves the baseline to the run from 0). EVAL_MODES picks the pipeline modes
-# (default: all of them). Rerunning resumes: finished items are skipped, and pipeline
+# (default: all of them); EVAL_BASELINE=0 leaves the `direct` baseline out (a run of
+# pipeline modes in a setting the baseline does not depend on, such as
+# PLANNER_PLAN_FORMAT, into its own EVAL_OUT). Rerunning resumes: finished items are skipped, and pipeline
 # items that failed (a deadline on a busy machine) run again (--retry-errors; the report
 # counts each item's last line). Results are committed, so a later run on a fresh clone
 # resumes them; logs go to var/eval/logs/.
 #   [EVAL_MODEL=...] [EVAL_DATASETS="gsm8k svamp"] [EVAL_MODES="plan ..."]
-#   [EVAL_PORT_BASE=18000] [EVAL_START=0] [EVAL_OUT=DIR] docs/eval/run_full.sh [N] [BATCH]
+#   [EVAL_PORT_BASE=18000] [EVAL_START=0] [EVAL_OUT=DIR] [EVAL_BASELINE=1] docs/eval/run_full.sh [N] [BATCH]
 set -euo pipefail
 repo="$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)"
 cd "$repo"
@@ -60,7 +62,7 @@ done
 
 # The baseline: one process per dataset, one after the other, on its own core.
 (
-  [ "$start" = 0 ] || exit 0
+  [ "$start" = 0 ] && [ "${EVAL_BASELINE:-1}" = 1 ] || exit 0
   for data in "${datasets[@]}"; do
     name="$(basename "$(dirname "$data")")"
     "$py" -m scripts.eval run --data "$data" --mode direct --out "$out/$name-direct.jsonl" \
