@@ -39,11 +39,13 @@ from services import tracing
 from services.answers import answer_key, normalize_text
 from services.claims import plan_claim, solution_claim
 from services.errors import (
+    ClientClosed,
     DeadlineExceeded,
     DependencyUnavailable,
     PlanningFailed,
     ServiceError,
     Unplannable,
+    error_label,
 )
 from services.http import ServiceClient
 from services.plans import check_plan
@@ -85,6 +87,11 @@ STAGE_LATENCY = Histogram(
 )
 REPLANS = Counter("reason_replans_total", "Replanning rounds", ["reason"])
 PLANS_DRAWN = Counter("reason_plans_drawn_total", "Plans drawn and executed", ["batch"])
+# By error type (services.errors, bounded by error_label): a stream that ends in an error
+# says 200 in http_requests_total, this says how it ended.
+REQUEST_ERRORS = Counter(
+    "reason_request_errors_total", "/reason requests that ended in an error", ["type"]
+)
 
 UNVERIFIED_CONFIDENCE = 0.5
 LOW_AGREEMENT = 0.5  # the served answer has fewer than half of the round's plans
@@ -256,6 +263,33 @@ class ReasonService:
         step as it finishes; `on_event` gets the /reason stream's events (name and
         payload, services.schemas): rounds as they start and end, each plan as soon as it
         is made, each step, with its round and plan, as it finishes."""
+        try:
+            return await self._reason(
+                request,
+                tenant=tenant,
+                on_step=on_step,
+                limits_tenant=limits_tenant,
+                on_event=on_event,
+            )
+        except ServiceError as exc:
+            REQUEST_ERRORS.labels(error_label(exc)).inc()
+            raise
+        except asyncio.CancelledError:  # the client went away (or the server is stopping)
+            REQUEST_ERRORS.labels(ClientClosed.error_type).inc()
+            raise
+        except Exception:
+            REQUEST_ERRORS.labels(ServiceError.error_type).inc()
+            raise
+
+    async def _reason(
+        self,
+        request: ReasonRequest,
+        *,
+        tenant: str,
+        on_step: StepCallback | None,
+        limits_tenant: str | None,
+        on_event: EventCallback | None,
+    ) -> ReasonResponse:
         # the deadline is on the loop's clock (asyncio.timeout_at); the timings are not:
         # uvloop's clock ticks in whole milliseconds, cached per loop iteration
         started = time.perf_counter()

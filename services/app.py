@@ -58,6 +58,9 @@ ReadinessCheck = Callable[[], Awaitable[tuple[bool, str]]]
 _BODY_METHODS = {"POST", "PUT", "PATCH"}
 _PROBES = {"/healthz", "/readyz", "/metrics"}
 _MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is over any body limit
+# The `method` label's values: a client may send any token as its method, and a label
+# takes every value it is given, so anything else is counted as "other".
+_METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
 def _json_response(
@@ -178,7 +181,8 @@ class TraceMiddleware:
             route_name = getattr(route, "path", None) or "unmatched"
             duration_ns = time.perf_counter_ns() - started
             status = int(state["status"])
-            HTTP_REQUESTS.labels(self.service, route_name, method, str(status)).inc()
+            method_label = method if method in _METHODS else "other"
+            HTTP_REQUESTS.labels(self.service, route_name, method_label, str(status)).inc()
             HTTP_LATENCY.labels(self.service, route_name).observe(duration_ns / 1e9)
             if route_name not in ("/metrics", "/healthz", "/readyz"):
                 log.info(

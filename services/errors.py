@@ -146,6 +146,24 @@ class Unplannable(PlanningFailed):
     status_code = 422
 
 
+def error_types() -> frozenset[str]:
+    """Every error type a ServiceError subclass defines (those defined so far)."""
+    types: set[str] = set()
+    todo: list[type[ServiceError]] = [ServiceError]
+    while todo:
+        cls = todo.pop()
+        types.add(cls.error_type)
+        todo.extend(cls.__subclasses__())
+    return frozenset(types)
+
+
+def error_label(exc: ServiceError) -> str:
+    """`exc`'s type as a metric label: a type some ServiceError class defines, else
+    "upstream_error". An error another service answered keeps that service's type, which
+    is whatever its body said, and a label takes every value it is ever given."""
+    return exc.error_type if exc.error_type in error_types() else "upstream_error"
+
+
 def error_body(exc: ServiceError, trace_id: str) -> dict[str, Any]:
     detail: dict[str, Any] = {"type": exc.error_type, "message": exc.message}
     if exc.param is not None:

@@ -23,11 +23,13 @@ import platform
 import signal
 import sys
 import time
+import weakref
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Literal
 
 import structlog
+from prometheus_client import Counter, Gauge
 
 from orchestrator.sandbox.checker import (
     ALLOWED_MODULES,
@@ -63,6 +65,14 @@ _WORKER_CATEGORIES = _ALERT_CATEGORIES | _LIMIT_CATEGORIES | {None, "cancelled"}
 # The namespace layer: without all of these the sandbox refuses to start.
 _REQUIRED_LAYERS = ("userns", "pidns", "empty_root")
 PR_GET_DUMPABLE, PR_SET_DUMPABLE = 3, 4
+# Every job's outcome by status and category. Both are bounded: every category is a
+# literal of this package (the checker's refusals, this module's, and the worker's, which
+# `_result` checks against _WORKER_CATEGORIES, refusing any other as a protocol error).
+JOBS = Counter("sandbox_jobs_total", "Sandbox jobs by outcome", ["status", "category"])
+RESTARTS = Counter("sandbox_worker_restarts_total", "Broken sandbox workers replaced", ["outcome"])
+WORKERS = Gauge("sandbox_workers_live", "Sandbox workers started, checked and not replaced")
+_STARTED: weakref.WeakSet[Sandbox] = weakref.WeakSet()  # the process's sandboxes
+WORKERS.set_function(lambda: sum(sandbox.live_workers for sandbox in list(_STARTED)))
 
 
 class SandboxUnavailableError(RuntimeError):
@@ -258,6 +268,7 @@ class Sandbox:
             await self.close()
             raise SandboxUnavailableError(str(failures[0])) from failures[0]
         self._started = True
+        _STARTED.add(self)
         self.layers["service_undumpable"] = undumpable
         log.info(
             "sandbox started",
@@ -271,6 +282,7 @@ class Sandbox:
 
     async def close(self) -> None:
         self._closed = True
+        _STARTED.discard(self)
         tasks = [*self._tasks, *self._watchers]
         for task in tasks:
             task.cancel()
@@ -457,6 +469,7 @@ class Sandbox:
                     fresh = await self._spawn()
                 except Exception as exc:
                     self._restart_failures += 1
+                    RESTARTS.labels("failure").inc()
                     log.error(
                         "sandbox worker restart failed",
                         **{
@@ -473,6 +486,7 @@ class Sandbox:
                     delay = min(delay * 2, _RESPAWN_MAX_S)
                     continue
                 self._restart_failures = 0
+                RESTARTS.labels("success").inc()
                 if self._closed:
                     await self._discard(fresh)
                 else:
@@ -503,6 +517,7 @@ class Sandbox:
         latency_ms = (time.perf_counter() - started) * 1000.0
         result = replace(result, latency_ms=round(latency_ms, 3))
         report = {"tool": "python", "status": result.status, "detail": result.error}
+        JOBS.labels(result.status, _category_label(result.category)).inc()
         if result.status == "refused" or result.category in _ALERT_CATEGORIES:
             security_alert(log, category=result.category or "refused", **report)
         elif result.category in _LIMIT_CATEGORIES:
@@ -638,6 +653,12 @@ class Sandbox:
                 "error", error="result exceeds the output cap", category="output_flood"
             )
         return SandboxResult(status, result, stdout, error, category)
+
+
+def _category_label(category: str | None) -> str:
+    if category is None:
+        return "none"
+    return category if len(category) <= 32 and category.isidentifier() else "other"
 
 
 def _broke_protocol(exc: BaseException) -> SandboxResult:

@@ -38,6 +38,10 @@ STEP_LATENCY = Histogram(
     buckets=(0.001, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30),
 )
 
+# Inputs a tool refused (a security check), by the check's category (a literal of the
+# tool's code: the SQL policy's, the sandbox checker's).
+REFUSALS = Counter("tool_refusals_total", "Tool inputs refused", ["tool", "category"])
+
 STALE_FACTOR = 12  # stale copies live this many fresh TTLs, for use when the tool fails
 
 
@@ -238,6 +242,7 @@ class ToolRegistry:
                 return "timeout", f"no result within {timeout_s:.3g}s", None
             return "timeout", str(exc), None  # the tool's own timeout, with its reason
         except ToolRefused as exc:
+            REFUSALS.labels(tool.name, exc.category[:32]).inc()
             security_alert(
                 log, category=exc.category, tool=tool.name, status="refused", detail=str(exc)
             )
