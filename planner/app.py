@@ -12,7 +12,13 @@ from planner.service import PlannerService
 from services.app import cancel_on_disconnect, create_service_app
 from services.logging import configure_logging
 from services.model_host import loading_lifespan
-from services.schemas import PlanRequest, PlanResponse, SolveRequest, SolveResponse
+from services.schemas import (
+    ModelInfo,
+    PlanRequest,
+    PlanResponse,
+    SolveRequest,
+    SolveResponse,
+)
 from services.settings import PlannerSettings
 
 
@@ -32,6 +38,10 @@ def create_app(
         limits=settings.http_limits(),
     )
     app.state.planner = planner
+
+    @app.get("/info", response_model=ModelInfo)
+    async def info() -> ModelInfo:
+        return await planner.info("planner")
 
     @app.post("/plan", response_model=PlanResponse, response_model_exclude_none=True)
     async def plan(body: PlanRequest, request: Request) -> Any:

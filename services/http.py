@@ -78,6 +78,15 @@ class ServiceClient:
         retried once, on another connection, within the same `timeout_s`: the calls
         between the services (`/plan`, `/verify`) have no side effects.
         """
+        return await self._call("POST", path, body, timeout_s)
+
+    async def get_json(self, path: str, *, timeout_s: float) -> Any:
+        """GET a JSON body, read and bounded as `post_json` reads its answer."""
+        return await self._call("GET", path, None, timeout_s)
+
+    async def _call(
+        self, method: str, path: str, body: dict[str, Any] | None, timeout_s: float
+    ) -> Any:
         started = time.perf_counter()
         timeout_s = max(timeout_s, 0.001)
         timeout = httpx.Timeout(timeout_s, connect=min(self._connect_timeout_s, timeout_s))
@@ -85,7 +94,7 @@ class ServiceClient:
             # httpx's timeouts bound each read; this bounds the whole exchange
             async with asyncio.timeout(timeout_s):
                 try:
-                    status, content = await self._post(path, body, timeout)
+                    status, content = await self._send(method, path, body, timeout)
                 except _STALE_CONNECTION as exc:
                     log.warning(
                         f"{self.name} closed the connection under the request; retrying once",
@@ -94,7 +103,7 @@ class ServiceClient:
                             "error.type": type(exc).__name__,
                         },
                     )
-                    status, content = await self._post(path, body, timeout)
+                    status, content = await self._send(method, path, body, timeout)
         except (httpx.TimeoutException, TimeoutError):
             raise DependencyUnavailable(
                 f"{self.name} did not answer within {timeout_s:.2f}s", retry_after_s=2
@@ -113,11 +122,15 @@ class ServiceClient:
             )
         return self._decode(status, content)
 
-    async def _post(
-        self, path: str, body: dict[str, Any], http_timeout: httpx.Timeout
+    async def _send(
+        self,
+        method: str,
+        path: str,
+        body: dict[str, Any] | None,
+        http_timeout: httpx.Timeout,
     ) -> tuple[int, bytes]:
         async with self._client.stream(
-            "POST", path, json=body, headers=tracing.outgoing_headers(), timeout=http_timeout
+            method, path, json=body, headers=tracing.outgoing_headers(), timeout=http_timeout
         ) as response:
             chunks: list[bytes] = []
             size = 0

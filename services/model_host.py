@@ -10,6 +10,8 @@ from typing import Any
 
 import structlog
 
+from services.schemas import ModelInfo
+
 log = structlog.get_logger("model")
 
 
@@ -50,6 +52,13 @@ class ModelHost:
                 return False, problem
             return True, f"{self.backend.name}:{self.backend.model} loaded"
         return False, self.load_error or "model loading"
+
+    async def info(self, service: str) -> ModelInfo:
+        """`GET /info`: the backend and the model it serves (loaded or not)."""
+        ready, _ = await self.readiness()
+        return ModelInfo(
+            service=service, backend=self.backend.name, model=self.backend.model, ready=ready
+        )
 
 
 def loading_lifespan(service: Any) -> Callable[[Any], AbstractAsyncContextManager[None]]:

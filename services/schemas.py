@@ -175,6 +175,16 @@ class VerifyBatchResponse(Wire):
     latency_ms: float
 
 
+class ModelInfo(Wire):
+    """`GET /info` (planner, verifier): the model this service serves, for those that
+    name it (the orchestrator's `GET /v1/models`)."""
+
+    service: str
+    backend: str  # llamacpp, vllm, openai, scripted (planner); model, scripted (verifier)
+    model: str
+    ready: bool  # loaded and healthy, as /readyz says
+
+
 # --------------------------------------------------------------------------- orchestrator
 
 

@@ -8,6 +8,7 @@ from services.app import create_service_app
 from services.logging import configure_logging
 from services.model_host import loading_lifespan
 from services.schemas import (
+    ModelInfo,
     VerifyBatchRequest,
     VerifyBatchResponse,
     VerifyRequest,
@@ -34,6 +35,10 @@ def create_app(
         limits=settings.http_limits(),
     )
     app.state.verifier = verifier
+
+    @app.get("/info", response_model=ModelInfo)
+    async def info() -> ModelInfo:
+        return await verifier.info("verifier")
 
     @app.post("/verify", response_model=VerifyResponse)
     async def verify(body: VerifyRequest, request: Request) -> VerifyResponse:

@@ -11,6 +11,7 @@ from fastapi.testclient import TestClient
 from planner.app import create_app
 from planner.backends.scripted import ScriptedBackend
 from planner.service import PlannerService
+from services.schemas import ModelInfo
 from services.settings import PlannerSettings
 
 pytestmark = [pytest.mark.unit]
@@ -47,3 +48,17 @@ def test_not_ready_while_loading_then_ready_then_not_when_the_engine_dies(tmp_pa
         backend.dead = "engine_dead: the vLLM engine process exited"
         r = client.get("/readyz")
         assert r.status_code == 503 and "engine_dead" in r.json()["reason"]
+
+
+def test_info_names_the_backend_and_model_loaded_or_not(tmp_path) -> None:
+    settings = PlannerSettings(log_dir=tmp_path)
+    backend = SlowBackend()
+    with TestClient(create_app(settings, PlannerService(backend, settings))) as client:
+        loading = ModelInfo.model_validate(client.get("/info").json())
+        assert (loading.service, loading.backend, loading.ready) == ("planner", "scripted", False)
+        assert loading.model == backend.model
+        client.portal.call(backend.release.set)
+        deadline = time.monotonic() + 5
+        while not client.get("/info").json()["ready"] and time.monotonic() < deadline:
+            time.sleep(0.02)
+        assert client.get("/info").json()["ready"] is True

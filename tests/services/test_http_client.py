@@ -159,3 +159,24 @@ async def test_planning_failed_is_unplannable_not_unavailable(status: str) -> No
         finally:
             await client.close()
     assert info.value.status_code == 422 and info.value.retry_after_s is None
+
+
+async def test_get_json_reads_an_answer_as_post_json_does() -> None:
+    requests: list[bytes] = []
+
+    async def handler(n: int, reader, writer) -> None:
+        requests.append(await reader.readuntil(b"\r\n\r\n"))
+        body = b'{"model": "m"}' if n == 1 else b'{"model": NaN}'
+        writer.write(response(body))
+        await writer.drain()
+
+    async with server(handler) as url:
+        client = ServiceClient("planner", url)
+        try:
+            assert await client.get_json("/info", timeout_s=5) == {"model": "m"}
+            with pytest.raises(DependencyUnavailable, match="non-JSON"):
+                await client.get_json("/info", timeout_s=5)
+        finally:
+            await client.close()
+    assert requests[0].startswith(b"GET /info HTTP/1.1")
+    assert b"content-length" not in requests[0].lower()

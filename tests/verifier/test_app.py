@@ -113,3 +113,19 @@ def test_batch_limits(tmp_path) -> None:
         assert client.post("/verify/batch", json={"items": []}).status_code == 422
         many = [{"statement": "1 = 1"}] * 17
         assert client.post("/verify/batch", json={"items": many}).status_code == 422
+
+
+def test_info_names_the_backend_and_model(tmp_path) -> None:
+    gate = threading.Event()
+    with make_client(tmp_path, gate) as client:
+        assert client.get("/info").json()["ready"] is False
+        gate.set()
+        wait_ready(client)
+        info = client.get("/info").json()
+        assert info == {
+            "service": "verifier",
+            "backend": "scripted",
+            "model": info["model"],
+            "ready": True,
+        }
+        assert info["model"]
