@@ -1,6 +1,7 @@
 """Orchestrator service: `POST /reason` (JSON or server-sent events), `POST /tools/{name}/run`,
-`GET /traces/{trace_id}` (every log line of one request), and the web console at `/`
-(`orchestrator/console/`, with `GET /console/config`).
+`GET /traces/{trace_id}` (every log line of one request), the web console at `/`
+(`orchestrator/console/`, with `GET /console/config`), and the OpenAI-compatible
+`GET /v1/models` and `POST /v1/chat/completions` (orchestrator/openai_api.py).
 
 Each tenant may have `ORCH_TENANT_MAX_IN_FLIGHT` of these requests in flight; past it,
 429 with Retry-After. The tenant is the API key's; with no keys configured every client
@@ -20,21 +21,21 @@ from typing import Any, Literal
 import httpx
 import structlog
 from fastapi import Depends, FastAPI, Request
-from fastapi.responses import FileResponse, StreamingResponse
-from starlette.types import Receive, Scope, Send
+from fastapi.responses import FileResponse
 
 from orchestrator.cache import Cache, create_cache
 from orchestrator.confidence import Calibrator
 from orchestrator.console import HEADERS as CONSOLE_HEADERS
 from orchestrator.console import INDEX, ConsoleFiles
 from orchestrator.limits import TenantCounter
+from orchestrator.openai_api import ChatServing, openai_router
 from orchestrator.service import ReasonService
 from orchestrator.tools import build_registry
 from orchestrator.tools.base import ToolContext
 from orchestrator.tools.registry import ToolRegistry
 from orchestrator.traces import TraceLookupError, TraceReader
 from services import tracing
-from services.app import cancel_on_disconnect, create_service_app, sse_event
+from services.app import cancel_on_disconnect, create_service_app, event_stream, sse_event
 from services.errors import (
     DependencyUnavailable,
     NotFound,
@@ -43,6 +44,7 @@ from services.errors import (
     Unauthorized,
     ValidationFailed,
     error_body,
+    openai_error,
 )
 from services.http import ServiceClient
 from services.logging import bind_tenant, configure_logging
@@ -115,6 +117,7 @@ def create_app(
                 max_tool_calls=settings.max_tool_calls_per_request,
                 sandbox_jobs_per_tenant=settings.sandbox_jobs_per_tenant(),
             )
+            app.state.chat = ChatServing(app.state.reason)
             state.update(registry=registry, cache=cache)
             yield
 
@@ -145,6 +148,8 @@ def create_app(
         # the console keeps its API key in this origin's session storage: no page of
         # this origin loads a script from elsewhere (FastAPI's /docs load theirs from a CDN)
         api_docs=False,
+        # the OpenAI-compatible routes answer every error in OpenAI's shape
+        error_formats={"/v1/": openai_error},
     )
     in_flight = TenantCounter(settings.tenant_max_in_flight)
 
@@ -189,11 +194,8 @@ def create_app(
         service: ReasonService = request.app.state.reason
         release = admit(who)
         if "text/event-stream" in request.headers.get("accept", ""):
-            return _HeldStream(
-                _stream(service, body, tenant, limits_tenant=who, events=events),
-                release,
-                media_type="text/event-stream",
-                headers={"Cache-Control": "no-cache"},
+            return event_stream(
+                _stream(service, body, tenant, limits_tenant=who, events=events), release
             )
         try:
             return await cancel_on_disconnect(
@@ -261,6 +263,8 @@ def create_app(
             raise NotFound(f"no log lines for trace {trace_id}", param="trace_id")
         return view
 
+    app.include_router(openai_router(auth=tenant_of, limited=limited_tenant, admit=admit))
+
     @app.get("/console/config", response_model=ConsoleConfig)
     async def console_config() -> ConsoleConfig:
         """Public: whether the console must ask for an API key (never the keys), and the
@@ -301,20 +305,6 @@ CONSOLE_CONFIG = ConsoleConfig(
         if name in _OPTIONS_SHOWN
     },
 )
-
-
-class _HeldStream(StreamingResponse):
-    """A streaming response that calls `release` once it is over, however it ends."""
-
-    def __init__(self, content: Any, release: Callable[[], None], **kw: Any) -> None:
-        super().__init__(content, **kw)
-        self._release = release
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        try:
-            await super().__call__(scope, receive, send)
-        finally:
-            self._release()
 
 
 async def _stream(

@@ -12,14 +12,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
-from collections.abc import Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from contextlib import AbstractAsyncContextManager
 from typing import Any
 
 import structlog
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse, Response
+from fastapi.responses import JSONResponse, Response, StreamingResponse
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
@@ -63,18 +63,29 @@ _MAX_LENGTH_DIGITS = 18  # a Content-Length longer than this is over any body li
 _METHODS = frozenset({"GET", "HEAD", "POST", "PUT", "PATCH", "DELETE", "OPTIONS"})
 
 
+# How an error is answered: its status and body, given the trace id. The services' own
+# shape everywhere (`error_body`), except under the path prefixes an app gives a shape
+# of their own (the orchestrator's OpenAI-compatible `/v1/`: services.errors.openai_error).
+ErrorFormat = Callable[[ServiceError, str], tuple[int, dict[str, Any]]]
+
+
+def service_error(exc: ServiceError, trace_id: str) -> tuple[int, dict[str, Any]]:
+    return exc.status_code, error_body(exc, trace_id)
+
+
+def _format_for(formats: Mapping[str, ErrorFormat], path: str) -> ErrorFormat:
+    return next((fmt for prefix, fmt in formats.items() if path.startswith(prefix)), service_error)
+
+
 def _json_response(
-    exc: ServiceError, status: int | None = None, *, close: bool = False
+    exc: ServiceError, *, close: bool = False, fmt: ErrorFormat = service_error
 ) -> JSONResponse:
     """The error body; `close` when the request's body may be left unread on the socket."""
     headers = error_headers(exc)
     if close:
         headers["Connection"] = "close"
-    return JSONResponse(
-        error_body(exc, tracing.current_trace_id()),
-        status_code=status or exc.status_code,
-        headers=headers,
-    )
+    status, body = fmt(exc, tracing.current_trace_id())
+    return JSONResponse(body, status_code=status, headers=headers)
 
 
 def _is_json(content_type: str) -> bool:
@@ -94,10 +105,18 @@ class TraceMiddleware:
     `receive()` calls reach the server, so disconnects are still seen.
     """
 
-    def __init__(self, app: ASGIApp, *, service: str, limits: HttpLimits) -> None:
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        service: str,
+        limits: HttpLimits,
+        error_formats: Mapping[str, ErrorFormat] | None = None,
+    ) -> None:
         self.app = app
         self.service = service
         self.limits = limits
+        self.error_formats = error_formats or {}
         self.max_body_bytes = limits.max_body_bytes
         self.in_flight = 0
 
@@ -114,6 +133,7 @@ class TraceMiddleware:
         )
         ctx = tracing.context_from_headers(headers.get("traceparent"), headers.get("x-request-id"))
         token = tracing.activate(ctx)
+        fmt = _format_for(self.error_formats, scope.get("path", ""))
         started = time.perf_counter_ns()
         state = {"status": 500, "started": False}
         method = scope["method"]
@@ -135,7 +155,8 @@ class TraceMiddleware:
                 Overloaded(
                     f"{self.service} has {self.limits.max_in_flight} requests in flight, "
                     "its limit; retry shortly"
-                )
+                ),
+                fmt=fmt,
             )
         elif oversized:
             early = _json_response(
@@ -144,9 +165,10 @@ class TraceMiddleware:
                     param="headers",
                 ),
                 close=True,
+                fmt=fmt,
             )
         else:
-            early = self._precheck(method, headers)
+            early = self._precheck(method, headers, fmt)
         if counted:
             self.in_flight += 1
         try:
@@ -159,7 +181,9 @@ class TraceMiddleware:
                 await self.app(scope, receive, send_wrapper)
         except _TooLarge:
             await _json_response(
-                PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes"), close=True
+                PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes"),
+                close=True,
+                fmt=fmt,
             )(scope, receive, send_wrapper)
         except _BodyTimeout:
             await _json_response(
@@ -167,13 +191,16 @@ class TraceMiddleware:
                     f"the request body did not arrive within {self.limits.body_read_timeout_s:g}s"
                 ),
                 close=True,
+                fmt=fmt,
             )(scope, receive, send_wrapper)
         except _Disconnected:
             state["status"] = ClientClosed.status_code  # nobody to answer
         except Exception:  # our bug: log the stack, answer without it
             log.exception("unhandled error", **{"event.action": "error"})
             if not state["started"]:
-                await _json_response(ServiceError("internal error"))(scope, receive, send_wrapper)
+                await _json_response(ServiceError("internal error"), fmt=fmt)(
+                    scope, receive, send_wrapper
+                )
         finally:
             if counted:
                 self.in_flight -= 1
@@ -219,7 +246,7 @@ class TraceMiddleware:
         except TimeoutError:
             raise _BodyTimeout from None
 
-    def _precheck(self, method: str, headers: dict[str, str]) -> ASGIApp | None:
+    def _precheck(self, method: str, headers: dict[str, str], fmt: ErrorFormat) -> ASGIApp | None:
         if method not in _BODY_METHODS:
             return None
         length = headers.get("content-length")
@@ -227,18 +254,20 @@ class TraceMiddleware:
             # ASCII digits only: str.isdigit() takes '²', which int() refuses, and int()
             # of a string past 4300 digits raises; either would have been a 500
             if not (length.isascii() and length.isdigit()):
-                return _json_response(InvalidRequest("invalid Content-Length header"))
+                return _json_response(InvalidRequest("invalid Content-Length header"), fmt=fmt)
             if len(length) > _MAX_LENGTH_DIGITS or int(length) > self.max_body_bytes:
                 return _json_response(
                     PayloadTooLarge(f"request body exceeds {self.max_body_bytes} bytes"),
                     close=True,
+                    fmt=fmt,
                 )
         if not _is_json(headers.get("content-type", "")):
             return _json_response(
                 UnsupportedMediaType(
                     "request body must be JSON; send Content-Type: application/json",
                     param="Content-Type",
-                )
+                ),
+                fmt=fmt,
             )
         return None
 
@@ -296,28 +325,32 @@ def create_service_app(
     max_body_bytes: int = 1_000_000,
     limits: HttpLimits | None = None,
     api_docs: bool = True,
+    error_formats: Mapping[str, ErrorFormat] | None = None,
 ) -> FastAPI:
     """`limits` (a service's `settings.http_limits()`) bound the HTTP front; without it
     the defaults apply, with `max_body_bytes`. `api_docs`: FastAPI's `/docs` and
     `/redoc` pages (`/openapi.json` is always served); they load their scripts from a
     CDN under no Content-Security-Policy, so a service whose origin holds a page with a
-    secret in its storage (the orchestrator's console) goes without them."""
+    secret in its storage (the orchestrator's console) goes without them. `error_formats`:
+    path prefixes whose errors have a shape of their own (`ErrorFormat`), every error
+    under them, the HTTP front's included."""
+    formats = dict(error_formats or {})
     docs = {} if api_docs else {"docs_url": None, "redoc_url": None}
     app = FastAPI(title=name, version=version, lifespan=lifespan, **docs)
     app.state.service_name = name
 
     @app.exception_handler(ServiceError)
-    async def _service_error(_: Request, exc: ServiceError) -> JSONResponse:
+    async def _service_error(request: Request, exc: ServiceError) -> JSONResponse:
         if exc.status_code >= 500:
             log.warning(exc.message, **{"error.type": exc.error_type, "error.message": exc.message})
-        return _json_response(exc)
+        return _json_response(exc, fmt=_format_for(formats, request.url.path))
 
     @app.exception_handler(RequestValidationError)
-    async def _invalid(_: Request, exc: RequestValidationError) -> JSONResponse:
-        return _json_response(_validation_error(exc))
+    async def _invalid(request: Request, exc: RequestValidationError) -> JSONResponse:
+        return _json_response(_validation_error(exc), fmt=_format_for(formats, request.url.path))
 
     @app.exception_handler(StarletteHTTPException)
-    async def _http(_: Request, exc: StarletteHTTPException) -> JSONResponse:
+    async def _http(request: Request, exc: StarletteHTTPException) -> JSONResponse:
         if exc.status_code == 404:
             err: ServiceError = NotFound("no such endpoint")
         elif exc.status_code == 405:
@@ -325,7 +358,7 @@ def create_service_app(
         else:
             err = InvalidRequest(str(exc.detail))
             err.status_code = exc.status_code
-        response = _json_response(err, exc.status_code)
+        response = _json_response(err, fmt=_format_for(formats, request.url.path))
         if exc.headers:
             response.headers.update(exc.headers)
         return response
@@ -345,13 +378,38 @@ def create_service_app(
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
 
     app.add_middleware(
-        TraceMiddleware, service=name, limits=limits or HttpLimits(max_body_bytes=max_body_bytes)
+        TraceMiddleware,
+        service=name,
+        limits=limits or HttpLimits(max_body_bytes=max_body_bytes),
+        error_formats=formats,
     )
     return app
 
 
 def sse_event(event: str, data: Any) -> str:
     return f"event: {event}\ndata: {json.dumps(data, separators=(',', ':'))}\n\n"
+
+
+class HeldStream(StreamingResponse):
+    """A streaming response that calls `release` once it is over, however it ends (the
+    tenant's slot of a streamed request is held until its last byte or its client's exit)."""
+
+    def __init__(self, content: Any, release: Callable[[], None], **kw: Any) -> None:
+        super().__init__(content, **kw)
+        self._release = release
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        try:
+            await super().__call__(scope, receive, send)
+        finally:
+            self._release()
+
+
+def event_stream(content: AsyncIterator[str], release: Callable[[], None]) -> HeldStream:
+    """Server-sent events from `content`, calling `release` once they are over."""
+    return HeldStream(
+        content, release, media_type="text/event-stream", headers={"Cache-Control": "no-cache"}
+    )
 
 
 async def cancel_on_disconnect(request: Request, work: Any) -> Any:

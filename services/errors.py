@@ -42,6 +42,13 @@ class ValidationFailed(InvalidRequest):
     error_type = "validation_error"
 
 
+class UnsupportedParameter(InvalidRequest):
+    """A request field this endpoint knows of but does not support (the OpenAI-compatible
+    API's fields the pipeline has no meaning for): refused, never silently ignored."""
+
+    error_type = "unsupported_parameter"
+
+
 class Unauthorized(ServiceError):
     status_code = 401
     error_type = "unauthorized"
@@ -50,6 +57,10 @@ class Unauthorized(ServiceError):
 class NotFound(ServiceError):
     status_code = 404
     error_type = "not_found"
+
+
+class ModelNotFound(NotFound):
+    error_type = "model_not_found"
 
 
 class MethodNotAllowed(ServiceError):
@@ -175,3 +186,27 @@ def error_headers(exc: ServiceError) -> dict[str, str]:
     if exc.retry_after_s is not None:
         return {"Retry-After": str(exc.retry_after_s)}
     return {}
+
+
+# The OpenAI-compatible API's error shape, `{"error": {"message", "type", "param",
+# "code"}}`: OpenAI's `type` by status, our error type as `code` (except where OpenAI
+# has a code of its own for the same thing), and a malformed field a 400, as OpenAI
+# answers it, where /reason says 422.
+_OPENAI_CODES = {"unauthorized": "invalid_api_key", "too_many_requests": "rate_limit_exceeded"}
+
+
+def openai_error(exc: ServiceError, trace_id: str) -> tuple[int, dict[str, Any]]:
+    """The status and body of `exc` on the OpenAI-compatible routes (`/v1/*`); the trace
+    id travels in the X-Trace-Id header."""
+    status = 400 if isinstance(exc, ValidationFailed) else exc.status_code
+    if status == 401:
+        kind = "authentication_error"
+    elif status == 429:
+        kind = "rate_limit_error"
+    elif status >= 500:
+        kind = "server_error"
+    else:
+        kind = "invalid_request_error"
+    code = _OPENAI_CODES.get(exc.error_type, error_label(exc))
+    detail = {"message": exc.message, "type": kind, "param": exc.param, "code": code}
+    return status, {"error": detail}

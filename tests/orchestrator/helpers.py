@@ -109,6 +109,15 @@ class FakePlanner:
     solve_mode: str = "ok"  # ok | hang | error | missing (404) | raw (`solve_raw` as is)
     solve_raw: Any = None
     solve_requests: list[dict[str, Any]] = field(default_factory=list)
+    # GET /info's body (None: 404, a planner from before /info)
+    info: dict[str, Any] | None = field(
+        default_factory=lambda: {
+            "service": "planner",
+            "backend": "fake",
+            "model": "fake-planner",
+            "ready": True,
+        }
+    )
 
     def app(self) -> FastAPI:
         app = FastAPI()
@@ -116,6 +125,12 @@ class FakePlanner:
         @app.get("/readyz")
         async def readyz() -> dict[str, bool]:
             return {"ready": True}
+
+        @app.get("/info")
+        async def info() -> Any:
+            if self.info is None:
+                return JSONResponse({"detail": "Not Found"}, status_code=404)
+            return self.info
 
         @app.post("/plan")
         async def plan_(request: Request) -> Any:
@@ -178,6 +193,14 @@ class FakeVerifier:
     override: dict[str, Any] = field(default_factory=dict)
     batch_results: int | None = None  # a batch reply cut to this many results
     claims: list[dict[str, Any]] = field(default_factory=list)  # every item asked about
+    info: dict[str, Any] = field(
+        default_factory=lambda: {
+            "service": "verifier",
+            "backend": "fake",
+            "model": "fake-verifier",
+            "ready": True,
+        }
+    )
 
     def _score(self, statement: str) -> dict[str, Any]:
         p = self.default
@@ -200,6 +223,10 @@ class FakeVerifier:
                     status_code=500,
                 )
             return None
+
+        @app.get("/info")
+        async def info() -> Any:
+            return self.info
 
         def reply(body: Any) -> Response:
             # json.dumps, not JSONResponse: a NaN in `override` goes out as the NaN literal
