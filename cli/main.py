@@ -28,7 +28,8 @@ from orchestrator.traces import (
     flatten_ecs,
     read_trace,
 )
-from services.schemas import TraceSpan, TraceView
+from reason import DEFAULT_URL, Client, ConnectionFailed, ReasonError
+from services.schemas import ReasonOptions, TraceSpan, TraceView
 from services.settings import OrchestratorSettings, PlannerSettings, VerifierSettings
 from services.tracing import is_trace_id
 
@@ -165,7 +166,7 @@ def serve(
 @app.command()
 def ask(
     question: str = typer.Argument(..., help="The question to answer."),
-    url: str = typer.Option("http://127.0.0.1:8000", envvar="REASON_URL"),
+    url: str = typer.Option(DEFAULT_URL, envvar="REASON_URL"),
     api_key: str | None = typer.Option(None, envvar="REASON_API_KEY"),
     n_plans: int = typer.Option(1, min=1, max=8),
     n_prose: int = typer.Option(
@@ -177,33 +178,25 @@ def ask(
     as_json: bool = typer.Option(False, "--json", help="Print the raw response."),
 ) -> None:
     """Ask a running orchestrator and print the answer with its steps."""
-    body = {
-        "question": question,
-        "options": {
-            "n_plans": n_plans,
-            "n_prose": n_prose,
-            "verify": verify,
-            "use_cache": cache,
-            "deadline_s": deadline_s,
-        },
-    }
-    headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    options = ReasonOptions(
+        n_plans=n_plans, n_prose=n_prose, verify=verify, use_cache=cache, deadline_s=deadline_s
+    )
     try:
-        r = httpx.post(f"{url}/reason", json=body, headers=headers, timeout=deadline_s + 10)
-    except httpx.HTTPError as exc:
-        err.print(f"[red]cannot reach the orchestrator at {url}: {type(exc).__name__}")
+        with Client(url, api_key) as client:
+            answer = client.ask(question, options)
+    except ConnectionFailed as exc:
+        err.print(f"[red]cannot reach the orchestrator at {url}: {escape(exc.message)}")
         raise typer.Exit(2) from None
-    data = r.json()
+    except ReasonError as exc:
+        if as_json and exc.body is not None:
+            console.print_json(data=exc.body.model_dump(mode="json", exclude_none=True))
+        else:
+            err.print(f"[red]{escape(str(exc))}")
+        raise typer.Exit(1) from None
+    data = answer.model_dump(mode="json")
     if as_json:
         console.print_json(data=data)
-        raise typer.Exit(0 if r.status_code == 200 else 1)
-    if r.status_code != 200:
-        e = data.get("error", {})
-        err.print(
-            f"[red]{r.status_code} {e.get('type')}: {e.get('message')}  "
-            f"(trace {data.get('trace_id')})"
-        )
-        raise typer.Exit(1)
+        return
     print_answer(data)
 
 
@@ -298,6 +291,10 @@ def trace(
     log_dir: Path = typer.Option(Path("logs"), help="Directory of the services' *.jsonl logs."),
     es: str | None = typer.Option(None, "--es", help="Elasticsearch URL to read instead."),
     es_index: str = typer.Option("reason-logs-*", help="Index pattern in Elasticsearch."),
+    url: str | None = typer.Option(
+        None, "--url", help="A running orchestrator to ask instead (GET /traces/{trace_id})."
+    ),
+    api_key: str | None = typer.Option(None, envvar="REASON_API_KEY", help="With --url."),
     as_json: bool = typer.Option(False, "--json", help="Print the lines as JSON."),
 ) -> None:
     """Print every log line of one request from all three services, as a tree."""
@@ -305,6 +302,14 @@ def trace(
     if not is_trace_id(trace_id):
         err.print("[red]a trace id is 32 hexadecimal characters, not all zero")
         raise typer.Exit(2)
+    if url:
+        view = _trace_over_http(url, api_key, trace_id)
+        if as_json:
+            for span_line in _span_lines(view.spans):
+                print(json.dumps(span_line))
+            return
+        console.print(trace_tree(view))
+        return
     if es:
         try:
             docs = asyncio.run(fetch_trace_lines(es, trace_id, index=es_index))
@@ -323,6 +328,33 @@ def trace(
         return
     view = build_view(trace_id, lines, source="elasticsearch" if es else "files")
     console.print(trace_tree(view))
+
+
+def _trace_over_http(url: str, api_key: str | None, trace_id: str) -> TraceView:
+    try:
+        with Client(url, api_key) as client:
+            return client.trace(trace_id)
+    except ConnectionFailed as exc:
+        err.print(f"[red]cannot reach the orchestrator at {url}: {escape(exc.message)}")
+        raise typer.Exit(2) from None
+    except ReasonError as exc:
+        err.print(f"[red]{escape(str(exc))}")
+        raise typer.Exit(1) from None
+
+
+def _span_lines(spans: list[TraceSpan]) -> list[dict[str, Any]]:
+    """Every line of the spans (children included) as its flattened fields, oldest first."""
+    lines: list[tuple[float, dict[str, Any]]] = []
+
+    def walk(span: TraceSpan) -> None:
+        for line in span.lines:
+            lines.append((line.offset_ms if line.offset_ms is not None else 0.0, line.fields))
+        for child in span.children:
+            walk(child)
+
+    for span in spans:
+        walk(span)
+    return [fields for _, fields in sorted(lines, key=lambda pair: pair[0])]
 
 
 # --------------------------------------------------------------------------- db

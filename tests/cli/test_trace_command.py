@@ -72,3 +72,27 @@ def test_the_operator_sees_every_tenants_lines(tmp_path: Path) -> None:
     lines = [json.loads(row) for row in out.splitlines()]
     assert len(lines) == len(SHARED)
     assert {ln.get("labels.tenant") for ln in lines} == {None, "team-a", "team-b"}
+
+
+def test_url_reads_the_trace_from_a_running_orchestrator(
+    logs: Path, tmp_path_factory: pytest.TempPathFactory
+) -> None:
+    from tests.orchestrator.helpers import FakePlanner, FakeVerifier, orchestrator_stack
+
+    own = tmp_path_factory.mktemp("orchestrator-own")  # its own lines, apart from the trace's
+    with orchestrator_stack(own, FakePlanner(), FakeVerifier(), trace_log_dir=logs) as url:
+        code, out = run(TRACE, "--url", url)
+        json_code, json_out = run(TRACE, "--url", url, "--json")
+        missing = run("5" * 32, "--url", url)
+    assert code == 0, out
+    assert f"trace {TRACE}" in out and "span o1" in out and "span p1" in out and "boom" in out
+    assert json_code == 0, json_out
+    # the in-process server's own log lines go to the same captured stdout, as nested ECS
+    rows = [json.loads(row) for row in json_out.splitlines() if row.startswith("{")]
+    lines = [row for row in rows if "trace.id" in row]  # the command prints flattened fields
+    assert [ln["message"] for ln in lines] == IN_TIME_ORDER
+    assert missing[0] == 1 and "not_found" in missing[1]
+    from tests.conftest import free_port
+
+    unreachable = run(TRACE, "--url", f"http://127.0.0.1:{free_port()}")
+    assert unreachable[0] == 2 and "cannot reach" in unreachable[1]
