@@ -16,6 +16,14 @@ if ! command -v chromium >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt
   apt-get update -qq >&2
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >&2
 fi
+# The monitoring tests (tests/deploy/test_monitoring.py) check the Prometheus config and
+# every dashboard query with promtool, from Debian's `prometheus` package: installed the
+# same way (they skip without it, except under CI=true).
+if ! command -v promtool >/dev/null 2>&1 && [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null 2>&1; then
+  echo "installing promtool (Debian's prometheus) for the monitoring tests..." >&2
+  apt-get update -qq >&2
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends prometheus >&2
+fi
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 "$venv/bin/python" -m cli models pull qwen2.5-coder-0.5b-instruct
 "$venv/bin/python" -m cli models pull smollm2-135m-instruct

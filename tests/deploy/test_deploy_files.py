@@ -32,6 +32,7 @@ SECRETS = {
     "ORCH_API_KEYS": '{"k3y-0123456789abcdefghij":"acme"}',
     "ELASTIC_PASSWORD": "el" + "d" * 24,
     "KIBANA_SYSTEM_PASSWORD": "kb" + "e" * 24,
+    "GRAFANA_ADMIN_PASSWORD": "gf" + "f" * 24,
 }
 
 
@@ -78,7 +79,14 @@ def compose_config(
 @pytest.mark.integration
 def test_compose_config_is_valid_with_every_profile(compose_bin: str) -> None:
     out = compose_config(
-        compose_bin, clean_env(**SECRETS), "--profile", "elk", "--profile", "prepare"
+        compose_bin,
+        clean_env(**SECRETS),
+        "--profile",
+        "elk",
+        "--profile",
+        "prepare",
+        "--profile",
+        "monitoring",
     )
     assert out.returncode == 0, out.stderr
     config = yaml.safe_load(out.stdout)
@@ -87,6 +95,15 @@ def test_compose_config_is_valid_with_every_profile(compose_bin: str) -> None:
         services
     )
     assert {"elasticsearch", "kibana", "filebeat", "elk-setup"} <= set(services)
+    assert {"prometheus", "grafana"} <= set(services)
+    assert services["grafana"]["depends_on"]["prometheus"] == {"condition": "service_healthy"}
+    grafana_env = services["grafana"]["environment"]
+    assert grafana_env["GF_SECURITY_ADMIN_PASSWORD"] == SECRETS["GRAFANA_ADMIN_PASSWORD"]
+    for name in ("prometheus", "grafana"):  # on the host's loopback only, as Kibana
+        ports = services[name]["ports"]
+        assert ports and all(
+            (p["host_ip"] if isinstance(p, dict) else p).startswith("127.0.0.1") for p in ports
+        ), ports
 
     def gpu_ids(name: str) -> list[str]:
         devices = services[name]["deploy"]["resources"]["reservations"]["devices"]
@@ -119,9 +136,9 @@ def test_compose_config_is_valid_with_every_profile(compose_bin: str) -> None:
             source = volume.get("source", "") if isinstance(volume, dict) else volume.split(":")[0]
             if source.startswith(str(ROOT)) and "models" not in source:
                 assert Path(source).exists(), source
-    # the elk profile only runs with the profile
+    # the elk and monitoring profiles only run with their profile
     plain = compose_config(compose_bin, clean_env(**SECRETS), "--services")
-    assert "elasticsearch" not in plain.stdout.split()
+    assert not {"elasticsearch", "prometheus", "grafana"} & set(plain.stdout.split())
 
 
 @pytest.mark.integration
