@@ -31,11 +31,13 @@ from services.schemas import (
     plan_json_schema,
 )
 from services.settings import PlannerSettings
-from services.toolspecs import DEFAULT_TOOLS, python_gives_answer
+from services.toolspecs import DEFAULT_TOOLS, python_gives_answer, tool_names
 
 log = structlog.get_logger("planner")
 
 MAX_TRANSCRIBED_CHARS = 8000  # a longer draft is not pasted into a second prompt
+# The question of the warm-up generation: only the prompt before it is kept cached.
+WARM_UP_QUESTION = "How many days are in two weeks?"
 
 PLANS = Counter("planner_plans_total", "Plans generated", ["outcome"])
 SOLUTIONS = Counter("planner_solutions_total", "Chain-of-thought solutions", ["answered"])
@@ -76,6 +78,41 @@ class PlannerService(ModelHost):
     def __init__(self, backend: PlanBackend, settings: PlannerSettings) -> None:
         super().__init__(backend)
         self.settings = settings
+
+    async def warm_up(self) -> None:
+        """Evaluate the plan prompt's prefix (system prompt, tool list, examples) once, on
+        a backend that keeps prefixes cached, so that no request pays for it: on a small
+        CPU it is the longest part of a first plan, and a request whose deadline ends
+        inside it would be cancelled with it, leaving the next request to pay it again."""
+        if not (self.settings.warm_up and getattr(self.backend, "caches_prefixes", False)):
+            return
+        started = time.perf_counter()
+        fmt = self.settings.plan_format
+        spec = FORMATS[fmt]
+        tools = list(DEFAULT_TOOLS)
+        await self.backend.generate(
+            GenerationRequest(
+                messages=build_messages(WARM_UP_QUESTION, tools, None, fmt),
+                json_schema=plan_json_schema(
+                    tool_names(tools), reasoning_chars=spec.reasoning_chars
+                )
+                if spec.constrained
+                else None,
+                n=1,
+                temperature=0.0,
+                max_tokens=1,
+                question=WARM_UP_QUESTION,
+                metadata={"warm_up": True},
+            )
+        )
+        log.info(
+            "plan prompt prefix evaluated",
+            **{
+                "event.action": "planner.warm_up",
+                "event.duration": int((time.perf_counter() - started) * 1e9),
+                "labels.plan_format": fmt,
+            },
+        )
 
     async def _read_drafts(
         self,

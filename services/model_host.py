@@ -34,6 +34,17 @@ class ModelHost:
                 **{"error.type": type(exc).__name__, "error.message": str(exc)},
             )
             return
+        try:
+            await self.warm_up()
+        except Exception as exc:  # a cold cache costs the first request time, nothing more
+            log.warning(
+                "model warm-up failed; serving without it",
+                **{
+                    "event.action": "model.warm_up",
+                    "error.type": type(exc).__name__,
+                    "error.message": str(exc),
+                },
+            )
         self.ready = True
         log.info(
             "model loaded",
@@ -43,6 +54,10 @@ class ModelHost:
                 "labels.model": self.backend.model,
             },
         )
+
+    async def warm_up(self) -> None:
+        """Work done once the backend has loaded and before the service says it is ready
+        (nothing here; a service overrides it)."""
 
     async def readiness(self) -> tuple[bool, str]:
         if self.ready:

@@ -91,6 +91,10 @@ class PlannerSettings(CommonSettings):
     # one-sentence `reasoning`, `reasoning` with a longer one, `draft` free thinking and a
     # program first, turned into the plan by the planner. docs/benchmarks/plan_format.md
     plan_format: Literal["json", "reasoning", "draft"] = "json"
+    # Evaluate the plan prompt's prefix once at startup, before /readyz says ready, on
+    # backends that cache prefixes (llama.cpp, vLLM): the first request then does not pay
+    # for it (the longest part of a first plan on a small CPU).
+    warm_up: bool = True
     seed: int = 0
     n_ctx: int = Field(default=4096, ge=512)
     # llama.cpp only: threads for one-token steps (None: one core fewer than the machine

@@ -187,6 +187,7 @@ def open_llama(
 
 class LlamaCppBackend:
     name = "llamacpp"
+    caches_prefixes = True  # the batch engine keeps evaluated prompt prefixes (warm-up)
 
     def __init__(
         self,

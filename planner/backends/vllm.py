@@ -85,6 +85,8 @@ class VllmBackend:
     def __init__(self, settings: PlannerSettings) -> None:
         self.settings = settings
         self.model = model_name(settings)
+        # vLLM's automatic prefix caching keeps the warm-up's prompt blocks
+        self.caches_prefixes = settings.enable_prefix_caching
         self.load_seconds: float | None = None
         self._engine: Any = None
         self._tokenizer: Any = None
