@@ -8,7 +8,7 @@ With `--url` it asks a running orchestrator instead (the embedded default models
 minutes of CPU per answer on a small machine).
 
     python -m scripts.console_screenshot                      # scripted models
-    python -m scripts.console_screenshot --url http://127.0.0.1:8000 --out /tmp/c.png
+    python -m scripts.console_screenshot --url http://127.0.0.1:8000 --deadline-s 120
 """
 
 from __future__ import annotations
@@ -83,7 +83,9 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def shoot(url: str, out: Path, *, width: int, chromium: str) -> None:
+def shoot(
+    url: str, out: Path, *, width: int, chromium: str, deadline_s: float | None = None
+) -> None:
     from playwright.sync_api import sync_playwright
 
     with tempfile.TemporaryDirectory() as profile, sync_playwright() as p:
@@ -101,6 +103,8 @@ def shoot(url: str, out: Path, *, width: int, chromium: str) -> None:
         page.wait_for_selector("body.ready")
         page.fill("#question", QUESTION)
         page.fill("#n_plans", "5")
+        if deadline_s is not None:
+            page.fill("#deadline_s", f"{deadline_s:g}")
         page.set_checked("#verify", True)
         page.set_checked("#use_cache", False)
         page.click("#ask")
@@ -121,9 +125,17 @@ def main() -> None:
     parser.add_argument(
         "--chromium", default=shutil.which("chromium") or "/usr/bin/chromium", help="browser"
     )
+    parser.add_argument(
+        "--deadline-s",
+        type=float,
+        default=None,
+        help="the request's deadline (default: the page's)",
+    )
     args = parser.parse_args()
     if args.url:
-        shoot(args.url, args.out, width=args.width, chromium=args.chromium)
+        shoot(
+            args.url, args.out, width=args.width, chromium=args.chromium, deadline_s=args.deadline_s
+        )
         print(f"wrote {args.out} from {args.url}")
         return
     with tempfile.TemporaryDirectory() as tmp:
