@@ -22,7 +22,7 @@ import httpx
 import pytest
 import yaml
 
-from tests.conftest import REPO, Stack, free_port
+from tests.conftest import REPO, Stack, free_port, make_stack
 
 DASHBOARD = REPO / "deploy" / "grafana" / "reason-pipeline.json"
 PROVISIONING = REPO / "deploy" / "grafana" / "provisioning"
@@ -256,6 +256,16 @@ def test_every_dashboard_query_parses(promtool: str, tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- live /metrics
+
+
+@pytest.fixture(scope="module")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Stack]:
+    """The three services on the scripted models, for this module only: the session's
+    stack would outlive it, and its processes (sandbox workers among them) would then be
+    below the test process while the sandbox's tests count what is left behind."""
+    s = make_stack(tmp_path_factory.mktemp("monitoring-stack")).start()
+    yield s
+    s.stop()
 
 
 @pytest.fixture(scope="module")
