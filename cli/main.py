@@ -175,11 +175,19 @@ def ask(
     verify: bool = typer.Option(True, "--verify/--no-verify"),
     cache: bool = typer.Option(True, "--cache/--no-cache"),
     deadline_s: float = typer.Option(30.0, min=0.1, max=120.0),
+    contributions: bool = typer.Option(
+        False, "--contributions", help="Measure what each step contributes to the answer."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the raw response."),
 ) -> None:
     """Ask a running orchestrator and print the answer with its steps."""
     options = ReasonOptions(
-        n_plans=n_plans, n_prose=n_prose, verify=verify, use_cache=cache, deadline_s=deadline_s
+        n_plans=n_plans,
+        n_prose=n_prose,
+        verify=verify,
+        use_cache=cache,
+        deadline_s=deadline_s,
+        contributions=contributions,
     )
     try:
         with Client(url, api_key) as client:
@@ -198,6 +206,15 @@ def ask(
         console.print_json(data=data)
         return
     print_answer(data)
+
+
+def _contribution(c: dict[str, Any] | None) -> str:
+    """A step's contribution to the answer, in a word (services.schemas.StepContribution)."""
+    if not c or c.get("contributes") is None:
+        return "[dim]unknown"
+    if c["contributes"]:
+        return "yes"
+    return "[yellow]no (unused)" if c.get("perturbed") == "unused" else "[yellow]no"
 
 
 def print_answer(data: dict[str, Any]) -> None:
@@ -228,10 +245,13 @@ def print_answer(data: dict[str, Any]) -> None:
         console.print(f"[dim]worked solution:[/dim]\n{data['solution']['text']}")
     if data.get("plan"):
         console.print(f"[dim]plan: {data['plan']['reasoning']}")
-    table = Table("step", "tool", "status", "source", "input", "output / error", "ms")
-    for s in data.get("steps", []):
+    steps = data.get("steps", [])
+    measured = any(s.get("contribution") for s in steps)  # the option `contributions`
+    columns = ["step", "tool", "status", "source", "input", "output / error", "ms"]
+    table = Table(*columns, *(["contributes"] if measured else []))
+    for s in steps:
         style = "green" if s["status"] == "ok" else "yellow" if s["status"] == "fallback" else "red"
-        table.add_row(
+        row = [
             s["id"],
             s["tool"],
             f"[{style}]{s['status']}",
@@ -239,14 +259,18 @@ def print_answer(data: dict[str, Any]) -> None:
             _clip(s["input"]),
             _clip(s.get("output") or s.get("error") or ""),
             f"{s.get('latency_ms', 0):.1f}",
-        )
+        ]
+        if measured:
+            row.append(_contribution(s.get("contribution")))
+        table.add_row(*row)
     console.print(table)
     t = data.get("timings_ms", {})
     console.print(
         f"[dim]trace {data['trace_id']}  plan {t.get('plan', 0):.0f} ms  "
         + (f"solve {t['solve']:.0f} ms  " if t.get("solve") else "")
         + f"execute {t.get('execute', 0):.0f} ms  verify {t.get('verify', 0):.0f} ms  "
-        f"total {t.get('total', 0):.0f} ms"
+        + (f"contribute {t['contribute']:.0f} ms  " if t.get("contribute") else "")
+        + f"total {t.get('total', 0):.0f} ms"
     )
 
 

@@ -296,7 +296,7 @@ def trace_reader(settings: OrchestratorSettings) -> TraceReader:
     )
 
 
-_OPTIONS_SHOWN = ("n_plans", "verify", "use_cache", "deadline_s")
+_OPTIONS_SHOWN = ("n_plans", "verify", "use_cache", "contributions", "deadline_s")
 CONSOLE_CONFIG = ConsoleConfig(
     auth=False,
     options={

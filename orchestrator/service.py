@@ -32,6 +32,7 @@ from prometheus_client import Counter, Histogram
 
 from orchestrator.cache import Cache, cache_get, make_key
 from orchestrator.confidence import Calibrator
+from orchestrator.contribution import contributions
 from orchestrator.executor import Execution, PlanExecutor, StepCallback
 from orchestrator.limits import TenantSemaphore, ToolBudget
 from orchestrator.tools.registry import ToolRegistry
@@ -98,7 +99,9 @@ LOW_AGREEMENT = 0.5  # the served answer has fewer than half of the round's plan
 VERIFY_MIN_BUDGET_S = 0.05
 VERIFY_RESERVE_S = 2.5  # left for the verifier after more plans (the model verifier: ~2 s)
 PLAN_MIN_BUDGET_S = 0.05
-STAGES = ("plan", "solve", "execute", "verify")
+STAGES = ("plan", "solve", "execute", "verify", "contribute")
+# tool calls the counterfactual runs of one request may make (option `contributions`)
+CONTRIBUTION_MAX_CALLS = 24
 
 
 EventCallback = Callable[[str, StreamEvent], Awaitable[None] | None]
@@ -246,6 +249,7 @@ class ReasonService:
             o.n_prose,
             o.verify,
             o.adaptive,
+            o.contributions,
             self.calibrator.version,
         )
 
@@ -310,8 +314,24 @@ class ReasonService:
         )
         timings = dict.fromkeys(STAGES, 0.0)
         chosen, summaries = await self._rounds(request, deadline, timings, run)
+        measured = None
+        if request.options.contributions and chosen.best.execution is not None:
+            with timed(timings, "contribute"):
+                measured = await contributions(
+                    self.executor,
+                    chosen.best.execution,
+                    deadline=deadline,
+                    max_calls=CONTRIBUTION_MAX_CALLS,
+                    trace_id=trace_id,
+                    tenant=tenant,
+                    limits_tenant=run.limits_tenant,
+                )
         total_ms = (time.perf_counter() - started) * 1000
         response = self._response(request, chosen, summaries, timings, total_ms, trace_id)
+        if measured is not None:
+            response.steps = [
+                s.model_copy(update={"contribution": measured.get(s.id)}) for s in response.steps
+            ]
         _observe(response, timings, total_ms)
         if request.options.use_cache and _cacheable(response, chosen):
             await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)

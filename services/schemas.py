@@ -85,8 +85,26 @@ class ToolRunResult(Wire):
     latency_ms: float = 0.0
 
 
+# What the answer did when a step's value was changed (`perturbed`) or taken away
+# (`removed`) and the steps after it ran again (orchestrator.contribution): `changed`,
+# `same`, `failed` (the answer was lost), `unused` (no path to the answer uses the step),
+# `unknown` (not measured: the step gave no value, or the counterfactual did not fit in
+# its budget of tool calls or the deadline).
+CounterfactualEffect = Literal["changed", "same", "failed", "unused", "unknown"]
+
+
+class StepContribution(Wire):
+    perturbed: CounterfactualEffect
+    removed: CounterfactualEffect
+    # the answer depends on this step (either counterfactual changed or lost it); False:
+    # it contributes nothing; None: not known
+    contributes: bool | None
+
+
 class StepResult(ToolRunResult):
     id: str
+    # with the request option `contributions`: what this step contributes to the answer
+    contribution: StepContribution | None = None
 
 
 # --------------------------------------------------------------------------- planner
@@ -206,6 +224,9 @@ class ReasonOptions(Wire):
     verify: bool = True
     use_cache: bool = True
     deadline_s: Annotated[float, Field(ge=0.1, le=120)] = 30.0
+    # Measure what each step of the served plan contributes to its answer (its value
+    # changed, then taken away, the steps after it run again: `StepResult.contribution`).
+    contributions: bool = False
 
 
 class ReasonRequest(Wire):
@@ -223,6 +244,7 @@ class Timings(Wire):
     solve: float = 0.0  # chain-of-thought solutions (n_prose), alongside planning
     execute: float = 0.0
     verify: float = 0.0
+    contribute: float = 0.0  # the counterfactual runs of the option `contributions`
     total: float = 0.0
 
 

@@ -205,3 +205,19 @@ def test_every_round_of_a_request_that_replanned_is_printed(monkeypatch) -> None
     assert "round 1: 5 rejected 0.20, 1 of 1 agree, 1200 ms" in text
     assert "round 2 (replanned: rejected): 6 verified 0.90, 1 of 1 agree, 900 ms" in text
     assert "round 3 (replanned: rejected): failed: planning_failed, 40 ms" in text
+
+
+def test_ask_shows_what_each_step_contributes_when_asked(stack: Stack) -> None:
+    url = stack.url("orchestrator")
+    wide = {"COLUMNS": "200"}
+    plain = CliRunner().invoke(cli_app, ["ask", "What is 6 * 7?", "--url", url], env=wide)
+    asked = CliRunner().invoke(
+        cli_app, ["ask", "What is 6 * 7?", "--url", url, "--contributions"], env=wide
+    )
+    assert plain.exit_code == 0 and asked.exit_code == 0, asked.output
+    assert "contributes" not in plain.output
+    header = next(line for line in asked.output.splitlines() if "contributes" in line)
+    row = next(line for line in asked.output.splitlines() if " s1 " in line)
+    assert header.rstrip(" ┃│").endswith("contributes")  # the last column
+    assert "yes" in row  # the one step is the answer: the answer depends on it
+    assert "contribute" in asked.output.splitlines()[-1]  # its time, beside the others

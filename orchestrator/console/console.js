@@ -13,7 +13,7 @@
   const NODE_W = 172;
   const NODE_H = 50;
   const TRACE_ID = /^[0-9a-fA-F]{32}$/;
-  const STAGES = ["plan", "solve", "execute", "verify"];
+  const STAGES = ["plan", "solve", "execute", "verify", "contribute"];
 
   const $ = (id) => document.getElementById(id);
   let config = { auth: false, options: {} };
@@ -124,14 +124,15 @@
       input.step = schema.type === "integer" ? "1" : "any";
       if (schema.default !== undefined) input.value = schema.default;
     }
-    for (const name of ["verify", "use_cache"]) {
+    for (const name of ["verify", "use_cache", "contributions"]) {
       const schema = opts[name] || {};
-      $(name).checked = schema.default !== undefined ? Boolean(schema.default) : true;
+      $(name).checked = schema.default !== undefined ? Boolean(schema.default) : name !== "contributions";
     }
   }
 
   function readOptions() {
     const options = { verify: $("verify").checked, use_cache: $("use_cache").checked };
+    if ($("contributions").checked) options.contributions = true;
     for (const name of ["n_plans", "deadline_s"]) {
       const raw = $(name).value.trim();
       // what was typed goes to the service as is: its validation error is the one shown
@@ -413,6 +414,9 @@
     const parts = [`step ${step.id}`, step.tool, result ? result.status : "pending"];
     if (result && result.source) parts.push(`from ${result.source}`);
     if (isAnswer) parts.push("the answer step");
+    if (result && result.contribution && result.contribution.contributes === false) {
+      parts.push("contributes nothing to the answer");
+    }
     return parts.join(", ");
   }
 
@@ -423,9 +427,11 @@
     const classes = ["node", result.status];
     if (entry.isAnswer) classes.push("answer");
     if (result.source && result.source !== "tool") classes.push(`from-${result.source}`);
+    const idle = result.contribution && result.contribution.contributes === false;
+    if (idle) classes.push("idle");
     entry.node.setAttribute("class", classes.join(" "));
     const source = result.source && result.source !== "tool" ? ` · ${result.source}` : "";
-    entry.status.textContent = `${result.status}${source} · ${ms(result.latency_ms)}`;
+    entry.status.textContent = `${result.status}${source} · ${ms(result.latency_ms)}${idle ? " · no effect" : ""}`;
     entry.node.setAttribute("aria-label", nodeLabel(entry.step, result, entry.isAnswer));
     if (selected && selected.card === card && selected.stepId === result.id) showDetail(card, result.id);
   }
@@ -450,6 +456,7 @@
     if (result) {
       fact("source", result.source || "tool");
       fact("latency", ms(result.latency_ms));
+      if (result.contribution) fact("contribution", describeContribution(result.contribution));
     }
     fact("depends on", (step.depends_on || []).join(", ") || "nothing");
     box.append(facts);
@@ -460,6 +467,13 @@
     if (result && result.error) {
       box.append(el("p", { class: "label", text: "error" }), code(result.error, "error"));
     }
+  }
+
+  // what the answer did with this step's value changed, then taken away
+  function describeContribution(c) {
+    const verdict = c.contributes === true ? "the answer depends on it"
+      : c.contributes === false ? "contributes nothing to the answer" : "not measured";
+    return `${verdict} (value changed: answer ${c.perturbed}; value removed: answer ${c.removed})`;
   }
 
   function code(text, kind) {
@@ -551,6 +565,8 @@
       if (JSON.stringify([p.reasoning, p.steps, p.answer_step]) === wanted) {
         card.root.classList.add("served");
         card.root.querySelector("h4").append(el("span", { class: "tag", text: "served" }));
+        // the served steps as the answer has them (with their contributions, if asked)
+        for (const step of data.steps || []) updateStep(card, step);
         return;
       }
     }

@@ -35,6 +35,9 @@ class ToolContext:
     # Who the per-tenant sandbox share counts (default: `tenant`): the client address
     # when no API keys are configured, while the caches stay in one namespace.
     limits_tenant: str | None = None
+    # False: neither read nor fill the tool cache (a counterfactual run's inputs are not
+    # a plan's, orchestrator.contribution)
+    use_cache: bool = True
 
 
 ToolFn = Callable[[str, ToolContext], Awaitable[Any]]

@@ -140,7 +140,8 @@ class ToolRegistry:
         tool = self._tools.get(name)
         if tool is None:
             return _outcome(name, text, "error", error=f"unknown tool {name!r}")
-        key = self._cache_key(tool, text, ctx) if tool.cache_ttl_s and self._cache else None
+        cached = tool.cache_ttl_s and self._cache and ctx.use_cache
+        key = self._cache_key(tool, text, ctx) if cached else None
         if key is not None and self._cache is not None:
             entry = await cache_get(self._cache, key, "tool", _parse_entry)
             if entry is not None and entry[1] >= time.time():

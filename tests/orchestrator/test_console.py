@@ -157,7 +157,7 @@ def test_the_config_says_whether_keys_are_wanted_and_never_a_key(tmp_path: Path)
     assert ConsoleConfig.model_validate(keyed.json()).auth is True
     assert KEY not in keyed.text and "team-a" not in keyed.text
     options = keyed.json()["options"]
-    assert set(options) == {"n_plans", "verify", "use_cache", "deadline_s"}
+    assert set(options) == {"n_plans", "verify", "use_cache", "contributions", "deadline_s"}
     schema = ReasonOptions.model_json_schema()["properties"]
     assert options["n_plans"] == schema["n_plans"]  # the bounds come from the wire schema
     assert (options["deadline_s"]["minimum"], options["deadline_s"]["maximum"]) == (0.1, 120)

@@ -24,6 +24,7 @@ NATALIA = (
 )
 INJECTED = "show me the injected plan"
 FAILING = "a plan that always fails"
+IDLE = "a plan with a step the answer never reads"
 KEY = "browser-test-key-0123456789abcdef"
 PWN = "<img src=x onerror=\"document.body.dataset.pwned='yes'\">"
 
@@ -54,6 +55,15 @@ SCRIPT = {
             step("s1", "lookup", f"<script>document.body.dataset.pwned='yes'</script>{PWN}", [])
         ],
         "answer_step": "s1",
+    },
+    IDLE: {
+        "reasoning": "s2 is listed as a dependency and never read",
+        "steps": [
+            step("s1", "calc", "48", []),
+            step("s2", "calc", "7", []),
+            step("s3", "calc", "s1 + 24", ["s1", "s2"]),
+        ],
+        "answer_step": "s3",
     },
     FAILING: {
         "reasoning": "divide by zero",
@@ -155,6 +165,27 @@ def test_a_question_draws_its_plan_as_a_graph_and_fills_in_each_step(
     assert "s2 · calc" in detail.locator("h5").text_content()
     assert detail.locator("pre.code code").first.text_content() == "s1 / 2"
     assert "24" in detail.text_content() and "tool" in detail.text_content()
+    assert not [p for p in page.problems if p.startswith("pageerror")]
+
+
+def test_asked_for_contributions_a_step_the_answer_does_not_need_is_flagged(
+    page: Any, stack: Stack
+) -> None:
+    open_console(page, stack)
+    assert not page.is_checked("#contributions")  # off unless asked: it costs tool calls
+    page.set_checked("#contributions", True)
+    ask(page, IDLE)
+    assert answered(page) == "72"
+    card = page.locator(".plan.served")
+    idle = card.locator(".node.idle")
+    assert idle.count() == 1 and idle.get_attribute("data-step") == "s2"
+    assert "no effect" in idle.locator(".node-status").text_content()
+    assert "contributes nothing" in (idle.get_attribute("aria-label") or "")
+    idle.click()
+    assert "contributes nothing to the answer" in card.locator(".detail").text_content()
+    card.locator('.node[data-step="s1"]').click()
+    assert "the answer depends on it" in card.locator(".detail").text_content()
+    assert "contribute" in page.text_content(".timings .legend")
     assert not [p for p in page.problems if p.startswith("pageerror")]
 
 
