@@ -21,6 +21,7 @@ from orchestrator.tools.python import PythonTool
 from orchestrator.tools.registry import Tool, ToolRegistry
 from services import toolspecs
 from services.schemas import Plan, ToolSpec
+from tests.orchestrator.helpers import plan
 
 pytestmark = [pytest.mark.unit]
 
@@ -57,13 +58,7 @@ def registry(cache: RecordingCache | None = None) -> ToolRegistry:
 
 
 def make_plan(steps: list[tuple[str, str, str, list[str]]], answer: str) -> Plan:
-    return Plan.model_validate(
-        {
-            "reasoning": "test",
-            "steps": [{"id": i, "tool": t, "input": x, "depends_on": d} for i, t, x, d in steps],
-            "answer_step": answer,
-        }
-    )
+    return Plan.model_validate(plan(*steps, answer=answer))
 
 
 # s2 is declared a dependency of s3 and never used; s5 is off the answer's path
