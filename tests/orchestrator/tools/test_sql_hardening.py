@@ -423,7 +423,8 @@ async def test_step_result_carries_no_driver_detail(sample_db: SampleDatabase) -
     from orchestrator.tools.registry import Tool, ToolRegistry
     from services import toolspecs
 
-    marker = secrets.token_hex(4)
+    # Letters first: a marker of hex digits alone can be a valid date ('01390520').
+    marker = "zq" + secrets.token_hex(4)
     cases = [
         (
             SqlTool(f"postgresql://leak_role_{marker}@127.0.0.1:5432/{sample_db.name}", None),
