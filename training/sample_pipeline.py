@@ -69,7 +69,7 @@ from services.settings import OrchestratorSettings, PlannerSettings
 REPO = Path(__file__).resolve().parents[1]
 DEV_SPLIT = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
 EXECUTE_TIMEOUT_S = 30.0  # a plan's whole run; each tool has its own timeout within it
-RECIPE = "pipeline-samples/1"  # bump when what a line holds, or how it is made, changes
+RECIPE = "pipeline-samples/2"  # bump when what a line holds, or how it is made, changes
 
 
 # (settings, cache, exit stack) -> tool registry: `orchestrator.tools.build_registry`'s shape
@@ -86,6 +86,9 @@ class Sample:
     sample: int  # its index among the question's samples of its kind (seeds follow it)
     seed: int  # the planner's base seed (PLANNER_SEED), which with the question decides its samples
     model: str
+    # How the planner was asked to write its plans (PLANNER_PLAN_FORMAT): the verifier
+    # must be trained on what the serving planner produces. Lines of recipe 1 lack it.
+    plan_format: str
     answer: str | None  # as the pipeline would serve it (None: no answer)
     predicted: float | int | None  # the number the evaluation's rule reads from it
     gold: float | int
@@ -183,6 +186,7 @@ class Sampler:
             "sample": k,
             "seed": self.planner.settings.seed,
             "model": self.planner.backend.model,
+            "plan_format": self.planner.settings.plan_format,
             "answer": answer,
             "predicted": predicted,
             "gold": item.gold,
@@ -253,11 +257,13 @@ async def make_executor(stack: AsyncExitStack, tools: ToolsFactory | None = None
 
 
 def pending_items(args: argparse.Namespace) -> list[Item]:
-    items = load_items(args.data, offset=args.offset, limit=None)
+    """The items still to sample among the first `--limit` of the file (after
+    `--offset`): the same command, run again, resumes the same set and then has nothing
+    left to do, as `reason eval run --limit` does."""
+    items = load_items(args.data, offset=args.offset, limit=args.limit)
     skip = excluded_ids(args.exclude) | done_ids(args.out)
     shown = shown_questions()
-    todo = [i for i in items if i.id not in skip and i.question not in shown]
-    return todo[: args.limit] if args.limit is not None else todo
+    return [i for i in items if i.id not in skip and i.question not in shown]
 
 
 async def run(
@@ -437,7 +443,9 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--plans", type=int, default=4, help="plans per question (0-8)")
     parser.add_argument("--prose", type=int, default=0, help="worked solutions per question (0-8)")
     parser.add_argument("--offset", type=int, default=0, help="first item of the file to consider")
-    parser.add_argument("--limit", type=int, default=None, help="questions to sample this run")
+    parser.add_argument(
+        "--limit", type=int, default=None, help="only the first N items (after --offset)"
+    )
     parser.add_argument(
         "--exclude",
         type=Path,

@@ -100,6 +100,7 @@ def test_every_sample_is_executed_labelled_and_carries_its_claim(tmp_path: Path)
     assert rows[2]["claim"]["context"] == f"Worked solution:\n{RIGHT}"
     assert rows[4]["claim"] is None  # no answer: the orchestrator never asks about it
     assert {r["seed"] for r in rows} == {5} and {r["model"] for r in rows} == {"scripted"}
+    assert {r["plan_format"] for r in rows} == {PlannerSettings().plan_format}
     assert {r["recipe"] for r in rows} == {sp.RECIPE}
 
 
@@ -133,6 +134,8 @@ def test_a_rerun_resumes_and_excluded_or_shown_questions_are_never_sampled(
     data = items_file(tmp_path, [("t-1", Q_PLAN, "72"), ("t-2", Q_PROSE, "3"), ("t-3", shown, "1")])
     first = sample(tmp_path, data, "--plans", "1", "--limit", "1")
     assert {r["id"] for r in first} == {"t-1"}
+    # --limit is the first N items: the same command again has nothing left to sample
+    assert sample(tmp_path, data, "--plans", "1", "--limit", "1") == first
     second = sample(tmp_path, data, "--plans", "1")
     assert [r["id"] for r in second] == ["t-1", "t-2"]  # t-1 not again; t-3 is a prompt's
     (tmp_path / "ex.jsonl").write_text(json.dumps({"id": "t-2"}) + "\n")
