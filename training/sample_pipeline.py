@@ -123,6 +123,19 @@ def done_ids(path: Path) -> set[str]:
     return {r["id"] for r in read_samples(path)}
 
 
+def check_same_source(path: Path, planner: PlannerService) -> None:
+    """Refuse to add samples of another model or plan format to a file: a file is one
+    population of the planner's work (lines of recipe 1 name no format)."""
+    model, fmt = planner.backend.model, planner.settings.plan_format
+    for r in read_samples(path):
+        if r["model"] != model or r.get("plan_format", fmt) != fmt:
+            raise SystemExit(
+                f"{path} holds samples of {r['model']} in plan format "
+                f"{r.get('plan_format', '?')}; this run samples {model} in {fmt}: "
+                "write them to another file"
+            )
+
+
 def read_samples(path: Path) -> Iterator[dict[str, Any]]:
     """Complete sample lines of a file; a torn last line (a killed run) is skipped."""
     return iter_records(path, "id", "label")
@@ -283,7 +296,13 @@ async def run(
         return 0
     if planner is None:
         settings = PlannerSettings()
+        if settings.backend == "scripted":
+            raise SystemExit(
+                "the planner backend is `scripted` (the settings default, for tests): set "
+                "PLANNER_BACKEND=llamacpp (the embedded default) or vllm to sample a model"
+            )
         planner = PlannerService(create_backend(settings), settings)
+    check_same_source(args.out, planner)
     await planner.load()
     if not planner.ready:
         raise SystemExit(f"the planner model did not load: {planner.load_error}")

@@ -329,3 +329,28 @@ def test_bad_arguments_are_refused(
     with pytest.raises(SystemExit):
         sp.parse_args(argv)
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.unit
+def test_a_file_holds_one_model_and_plan_format(tmp_path: Path) -> None:
+    data = items_file(tmp_path, [("t-1", Q_PLAN, "72"), ("t-2", Q_PROSE, "3")])
+    rows = sample(tmp_path, data, "--plans", "1", "--limit", "1")
+    out = tmp_path / "out.jsonl"
+    for field, other in (("model", "another-model"), ("plan_format", "reasoning")):
+        out.write_text(json.dumps({**rows[0], field: other}) + "\n")
+        with pytest.raises(SystemExit, match="write them to another file"):
+            sample(tmp_path, data, "--plans", "1")
+        assert len(list(sp.read_samples(out))) == 1  # nothing was added
+
+
+@pytest.mark.unit
+def test_the_command_refuses_the_scripted_test_backend(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("PLANNER_BACKEND", raising=False)
+    monkeypatch.chdir(tmp_path)  # no .env here
+    data = items_file(tmp_path, [("t-1", Q_PLAN, "72")])
+    out = tmp_path / "out.jsonl"
+    with pytest.raises(SystemExit, match="PLANNER_BACKEND=llamacpp"):
+        sp.main(["--data", str(data), "--out", str(out), "--exclude", "--no-progress"])
+    assert not out.exists()
