@@ -90,7 +90,7 @@ class PlannerSettings(CommonSettings):
     # How the model writes its plan (planner.prompting): `json` under the grammar with a
     # one-sentence `reasoning`, `reasoning` with a longer one, `draft` free thinking and a
     # program first, turned into the plan by the planner. docs/benchmarks/plan_format.md
-    plan_format: Literal["json", "reasoning", "draft"] = "json"
+    plan_format: Literal["json", "reasoning", "draft"] = "draft"
     # Evaluate the plan prompt's prefix once at startup, before /readyz says ready, on
     # backends that cache prefixes (llama.cpp, vLLM): the first request then does not pay
     # for it (the longest part of a first plan on a small CPU).

@@ -67,7 +67,10 @@ class SequenceBackend:
 
 
 async def ready_service(backend: Any, **settings: Any) -> PlannerService:
-    service = PlannerService(backend, PlannerSettings(**settings))
+    """A planner in the `json` plan format, whose one pass is the plan under the grammar:
+    what these scripted JSON texts exercise (the `draft` format, the default, reads and
+    transcribes free text first: tests/planner/test_plan_formats.py)."""
+    service = PlannerService(backend, PlannerSettings(**{"plan_format": "json", **settings}))
     await service.load()
     return service
 
