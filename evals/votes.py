@@ -9,7 +9,12 @@ drawn first (plans before solutions, as the orchestrator orders them; the verifi
 which breaks ties when asked, is left out). A replay is scored with the evaluation's
 one extraction rule.
 
+It reads the pipeline sampler's files too (`training/sample_pipeline.py`: each
+question's plans, executed, and its solutions, the first greedy, drawn as the orchestrator
+draws them), so the same table can be reported on the questions sampled there.
+
     python -m evals.votes docs/eval/dev/1.5b-votes4x4.jsonl
+    python -m evals.votes training/samples/qwen2.5-coder-1.5b-instruct/gsm8k-test.jsonl
 """
 
 from __future__ import annotations
@@ -36,14 +41,19 @@ class VoteItem:
 
 
 def load(paths: Iterable[Path]) -> list[VoteItem]:
-    """The last line of each item with every vote recorded (failed requests left out)."""
+    """The last line of each item with every vote recorded (failed requests left out),
+    or, from pipeline sample files, each question's samples in the order drawn."""
     last: dict[str, dict] = {}
+    samples: dict[str, list[dict]] = {}
     for path in paths:
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 record = json.loads(line)
-                last[record["id"]] = record
-    items = []
+                if "kind" in record and "sample" in record:
+                    samples.setdefault(record["id"], []).append(record)
+                else:
+                    last[record["id"]] = record
+    items = [_from_samples(rows) for rows in samples.values()]
     for record in last.values():
         votes = (record.get("agreement") or {}).get("votes") or []
         if record.get("error") or not votes:
@@ -58,6 +68,22 @@ def load(paths: Iterable[Path]) -> list[VoteItem]:
             )
         )
     return items
+
+
+def _from_samples(rows: list[dict]) -> VoteItem:
+    def answers(kind: str) -> tuple[str | None, ...]:
+        return tuple(
+            r["answer"] for r in sorted(rows, key=lambda r: r["sample"]) if r["kind"] == kind
+        )
+
+    first = rows[0]
+    return VoteItem(
+        id=first["id"],
+        gold=first["gold"],
+        plans=answers("plan"),
+        prose=answers("prose"),
+        question=first["claim"]["question"] if first.get("claim") else "",
+    )
 
 
 def winner(answers: Sequence[str | None]) -> str | None:
@@ -123,10 +149,12 @@ def main(argv: list[str] | None = None) -> int:
     if not items:
         print("no item with recorded votes", file=sys.stderr)
         return 1
+    max_p = max(len(i.plans) for i in items)
+    max_q = max(len(i.prose) for i in items)
     print(f"{len(items)} items\n")
     print("| plans | prose | samples | right | accuracy | Wilson 95% |")
     print("|---:|---:|---:|---:|---:|---|")
-    for row in table(items):
+    for row in table(items, max_p, max_q):
         n = row["items"]
         low, high = row["ci"]
         print(
@@ -134,7 +162,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{row['right']}/{n} | {100 * row['right'] / n:.1f}% | "
             f"{100 * low:.1f}–{100 * high:.1f} |"
         )
-    full = [i for i in items if len(i.plans) >= 4 and len(i.prose) >= 4]
+    full = [i for i in items if len(i.plans) >= max_p and len(i.prose) >= max_q]
     oracle = sum(any(right(i, a) for a in (*i.plans, *i.prose)) for i in full)
     print(f"\nsome sample right (the headroom of any vote or router): {oracle}/{len(full)}")
     for big in (100, 1000, 10000):

@@ -64,3 +64,32 @@ def test_a_router_by_the_questions_numbers_picks_the_vote_per_item() -> None:
     small = VoteItem("s", 7, plans=("8",), prose=("7",), question="Add 3 and 4")
     assert routed([big, small], 1000, large=(1, 0), small=(0, 1)) == 2
     assert routed([big, small], 1000, large=(0, 1), small=(1, 0)) == 0
+
+
+def test_pipeline_sample_files_replay_in_the_order_drawn(tmp_path) -> None:
+    """The sampler's lines (training/sample_pipeline.py) give each question its plans and
+    solutions by sample index, whatever order the lines are in."""
+
+    def sample(id_: str, kind: str, k: int, answer: str | None) -> str:
+        claim = {"question": f"q {id_}", "statement": "", "context": ""} if answer else None
+        return json.dumps(
+            {"id": id_, "kind": kind, "sample": k, "gold": 72, "answer": answer, "claim": claim}
+        )
+
+    path = tmp_path / "samples.jsonl"
+    rows = [
+        sample("a", "plan", 1, "72"),
+        sample("a", "plan", 0, "5"),
+        sample("a", "prose", 0, "72"),
+        sample("a", "prose", 1, None),
+        sample("b", "plan", 0, "5"),
+        sample("b", "prose", 0, "5"),
+    ]
+    path.write_text("\n".join(rows) + "\n")
+    items = {i.id: i for i in load([path])}
+    assert items["a"].plans == ("5", "72") and items["a"].prose == ("72", None)
+    assert items["a"].question == "q a"
+    assert replay(items["a"], 1, 0) == "5" and replay(items["a"], 2, 1) == "72"
+    rows_ = {(r["plans"], r["prose"]): r for r in table(list(items.values()), 2, 2)}
+    assert (rows_[1, 0]["right"], rows_[1, 0]["items"]) == (0, 2)
+    assert (rows_[2, 1]["right"], rows_[2, 1]["items"]) == (1, 1)  # b has one plan
