@@ -110,6 +110,17 @@ def right(item: VoteItem, answer: str | None) -> bool:
     return is_correct(extract_number(answer), item.gold)
 
 
+def drawn(item: VoteItem, p: int, q: int) -> int:
+    """Samples the orchestrator's adaptive sampling draws for `p` plans and `q` solutions:
+    a majority of the plans with every solution first, the rest only when those leave the
+    vote open (`orchestrator.service.settled`); its answer is the full draw's."""
+    from orchestrator.service import settled
+
+    first = p if p <= 2 else p // 2 + 1
+    answers = [answer_key(a) for a in (*item.plans[:first], *item.prose[:q])]
+    return first + q if first < p and settled(answers, p + q) else p + q
+
+
 def table(items: list[VoteItem], max_p: int = 4, max_q: int = 4) -> list[dict]:
     rows = []
     for p in range(max_p + 1):
@@ -119,8 +130,16 @@ def table(items: list[VoteItem], max_p: int = 4, max_q: int = 4) -> list[dict]:
             usable = [i for i in items if len(i.plans) >= p and len(i.prose) >= q]
             k = sum(right(i, replay(i, p, q)) for i in usable)
             low, high = wilson_interval(k, len(usable))
+            mean_drawn = sum(drawn(i, p, q) for i in usable) / max(len(usable), 1)
             rows.append(
-                {"plans": p, "prose": q, "items": len(usable), "right": k, "ci": (low, high)}
+                {
+                    "plans": p,
+                    "prose": q,
+                    "items": len(usable),
+                    "right": k,
+                    "ci": (low, high),
+                    "drawn": round(mean_drawn, 2),
+                }
             )
     return rows
 
@@ -152,14 +171,14 @@ def main(argv: list[str] | None = None) -> int:
     max_p = max(len(i.plans) for i in items)
     max_q = max(len(i.prose) for i in items)
     print(f"{len(items)} items\n")
-    print("| plans | prose | samples | right | accuracy | Wilson 95% |")
-    print("|---:|---:|---:|---:|---:|---|")
+    print("| plans | prose | samples | drawn (adaptive, mean) | right | accuracy | Wilson 95% |")
+    print("|---:|---:|---:|---:|---:|---:|---|")
     for row in table(items, max_p, max_q):
         n = row["items"]
         low, high = row["ci"]
         print(
             f"| {row['plans']} | {row['prose']} | {row['plans'] + row['prose']} | "
-            f"{row['right']}/{n} | {100 * row['right'] / n:.1f}% | "
+            f"{row['drawn']:.2f} | {row['right']}/{n} | {100 * row['right'] / n:.1f}% | "
             f"{100 * low:.1f}–{100 * high:.1f} |"
         )
     full = [i for i in items if len(i.plans) >= max_p and len(i.prose) >= max_q]

@@ -93,3 +93,17 @@ def test_pipeline_sample_files_replay_in_the_order_drawn(tmp_path) -> None:
     rows_ = {(r["plans"], r["prose"]): r for r in table(list(items.values()), 2, 2)}
     assert (rows_[1, 0]["right"], rows_[1, 0]["items"]) == (0, 2)
     assert (rows_[2, 1]["right"], rows_[2, 1]["items"]) == (1, 1)  # b has one plan
+
+
+def test_adaptive_sampling_draws_the_rest_only_while_the_vote_is_open() -> None:
+    from evals.votes import drawn
+
+    agreeing = VoteItem("a", 72, plans=("72", "72", "72", "5", "5"), prose=("72", "6", "6"))
+    assert drawn(agreeing, 5, 0) == 3  # three of five agree: two more cannot change it
+    # with the solutions: 72 has 4 of the 6 drawn, 6 has 2 and could tie with the 2 to come
+    assert drawn(agreeing, 5, 3) == 8
+    settled = VoteItem("s", 72, plans=agreeing.plans, prose=("72", "72", "6"))
+    assert drawn(settled, 5, 3) == 6  # 5 of 6 for 72: the 2 to come cannot change it
+    split = VoteItem("b", 72, plans=("72", "5", "6", "72", "72"), prose=())
+    assert drawn(split, 5, 0) == 5
+    assert drawn(split, 2, 0) == 2  # two plans or fewer are drawn at once
