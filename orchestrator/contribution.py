@@ -13,8 +13,9 @@ The same definitions serve the planner's training data (`void_steps`): a void st
 produced no value (it failed, timed out or was skipped) or no path to the answer uses it.
 
 Counterfactual runs never read or fill the tool cache (their inputs are not the plan's),
-and they are bounded by a number of tool calls and by the caller's deadline: a step whose
-counterfactual did not fit is reported `unknown`, never guessed.
+and they are bounded by the request's own tool-call budget (at most `max_calls` of what
+is left of it) and by the caller's deadline: a step whose counterfactual did not fit, or
+whose rerun timed out, is reported `unknown`, never guessed.
 """
 
 from __future__ import annotations
@@ -22,10 +23,10 @@ from __future__ import annotations
 import asyncio
 import math
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.executor import Execution, PlanExecutor
+from orchestrator.limits import ToolBudget
 from orchestrator.tools.base import ToolContext
 from services.answers import answer_key
 from services.claims import render_value
@@ -96,22 +97,12 @@ def void_steps(execution: Execution) -> list[str]:
     return [s.id for s in execution.steps if s.status not in _SUCCESS or s.id not in on_path]
 
 
-@dataclass
-class _Calls:
-    left: int
-
-    def take(self, n: int) -> bool:
-        if n > self.left:
-            return False
-        self.left -= n
-        return True
-
-
 async def contributions(
     executor: PlanExecutor,
     execution: Execution,
     *,
     deadline: float,
+    budget: ToolBudget,
     max_calls: int = 24,
     trace_id: str = "",
     tenant: str = "default",
@@ -120,26 +111,34 @@ async def contributions(
 ) -> dict[str, StepContribution]:
     """Each step's contribution to `execution`'s answer, by step id.
 
-    `deadline` is on the running loop's clock; `max_calls` bounds the tool calls of all
-    counterfactuals together. A plan without an answer contributes nothing to measure:
-    every step is then `unknown`."""
+    `deadline` is on the running loop's clock; the counterfactuals' tool calls come out
+    of `budget` (the request's), at most `max_calls` of them together. A plan without an
+    answer contributes nothing to measure: every step is then `unknown`."""
     plan = execution.plan
     loop = asyncio.get_running_loop()
     served = answer_key(execution.answer)
     on_path = answer_path(plan)
     by_id = {s.id: s for s in plan.steps}
     status = {s.id: s.status for s in execution.steps}
-    calls = _Calls(max(max_calls, 0))
+    calls = ToolBudget(max(min(max_calls, budget.left), 0))
     out: dict[str, StepContribution] = {}
 
     async def counterfactual(step_id: str, replacement: Any) -> CounterfactualEffect:
-        """The answer when `step_id`'s value is `replacement` (REMOVED: taken away)."""
+        """The answer when `step_id`'s value is `replacement` (REMOVED: taken away); a
+        rerun the deadline cuts short is `unknown`."""
+        try:
+            async with asyncio.timeout_at(deadline):
+                return await rerun_without(step_id, replacement)
+        except TimeoutError:
+            return "unknown"
+
+    async def rerun_without(step_id: str, replacement: Any) -> CounterfactualEffect:
         rerun = _downstream(plan, step_id, on_path)
         if step_id == plan.answer_step:
             if replacement is REMOVED:
                 return "failed"
             return "same" if answer_key(render_value(replacement)) == served else "changed"
-        if not calls.take(len(rerun)):
+        if not (calls.take(len(rerun)) and budget.take(len(rerun))):
             return "unknown"
         values = dict(execution.values)
         if replacement is REMOVED:
@@ -161,6 +160,8 @@ async def contributions(
             outcome = await executor.run_tool(
                 step.tool, step.input, ctx, slots_tenant=limits_tenant
             )
+            if outcome.result.status == "timeout":
+                return "unknown"  # out of time, which says nothing of the step's worth
             if outcome.result.status not in _SUCCESS:
                 return "failed"  # the answer is lost without this step's real value
             values[sid] = outcome.value

@@ -27,10 +27,11 @@ class ToolBudget:
         self.limit = calls
         self.left = calls
 
-    def take(self) -> bool:
-        if self.left <= 0:
+    def take(self, calls: int = 1) -> bool:
+        """Take `calls` calls at once, or none when fewer are left."""
+        if calls > self.left:
             return False
-        self.left -= 1
+        self.left -= calls
         return True
 
     @property

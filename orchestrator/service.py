@@ -100,7 +100,8 @@ VERIFY_MIN_BUDGET_S = 0.05
 VERIFY_RESERVE_S = 2.5  # left for the verifier after more plans (the model verifier: ~2 s)
 PLAN_MIN_BUDGET_S = 0.05
 STAGES = ("plan", "solve", "execute", "verify", "contribute")
-# tool calls the counterfactual runs of one request may make (option `contributions`)
+# tool calls the counterfactual runs of one request may make (option `contributions`),
+# out of what is left of its tool-call budget
 CONTRIBUTION_MAX_CALLS = 24
 
 
@@ -321,6 +322,7 @@ class ReasonService:
                     self.executor,
                     chosen.best.execution,
                     deadline=deadline,
+                    budget=run.budget,
                     max_calls=CONTRIBUTION_MAX_CALLS,
                     trace_id=trace_id,
                     tenant=tenant,
@@ -488,7 +490,7 @@ class ReasonService:
         """One round: draw plans (adaptively) and, with `prose`, the chain-of-thought
         solutions beside the first ones; execute the plans; verify the leading answers."""
         n = request.options.n_plans
-        first = n if n <= 2 or not request.options.adaptive else n // 2 + 1
+        first = first_draw(n, request.options.adaptive)
         t0 = time.perf_counter()
         executions, solutions = await self._first_draw(
             request, deadline, feedback, timings, run, first, prose
@@ -790,8 +792,20 @@ def _observe(response: ReasonResponse, timings: dict[str, float], total_ms: floa
 
 
 def _cacheable(response: ReasonResponse, chosen: Outcome) -> bool:
-    """An answer is cached when its work finished and the verifier did not reject it."""
-    return response.answer is not None and chosen.best.complete and response.verdict != "rejected"
+    """An answer is cached when its work finished and the verifier did not reject it, and
+    not while a step's contribution is unknown (what did not fit this time may fit the
+    next)."""
+    unmeasured = any(
+        s.contribution is not None
+        and "unknown" in (s.contribution.perturbed, s.contribution.removed)
+        for s in response.steps
+    )
+    return (
+        response.answer is not None
+        and chosen.best.complete
+        and response.verdict != "rejected"
+        and not unmeasured
+    )
 
 
 def _agreement(chosen: Outcome, rounds: int) -> Agreement:
@@ -862,6 +876,12 @@ def leading_answers(attempts: list[Attempt]) -> set[str]:
     counts = _counts(attempts)
     top = max(counts.values(), default=0)
     return {k for k, c in counts.items() if c == top}
+
+
+def first_draw(n: int, adaptive: bool = True) -> int:
+    """Plans a round draws first of its `n`: a majority (adaptive sampling), or all of
+    them when there are two or fewer or sampling is not adaptive."""
+    return n if n <= 2 or not adaptive else n // 2 + 1
 
 
 def settled(answers: list[str | None], n: int) -> bool:

@@ -207,6 +207,55 @@ def test_every_round_of_a_request_that_replanned_is_printed(monkeypatch) -> None
     assert "round 3 (replanned: rejected): failed: planning_failed, 40 ms" in text
 
 
+def test_each_kind_of_contribution_is_printed_in_a_word(monkeypatch) -> None:
+    import io
+
+    from rich.console import Console
+
+    import cli.main as main
+
+    out = io.StringIO()
+    monkeypatch.setattr(main, "console", Console(file=out, width=200))
+
+    def step(sid: str, perturbed: str, removed: str, contributes: bool | None) -> dict:
+        return {
+            "id": sid,
+            "tool": "calc",
+            "status": "ok",
+            "source": "tool",
+            "input": "1",
+            "output": "1",
+            "latency_ms": 1.0,
+            "contribution": {
+                "perturbed": perturbed,
+                "removed": removed,
+                "contributes": contributes,
+            },
+        }
+
+    main.print_answer(
+        {
+            "trace_id": "t" * 32,
+            "answer": "1",
+            "verdict": "unverified",
+            "confidence": 0.5,
+            "plan": None,
+            "steps": [
+                step("s1", "changed", "failed", True),
+                step("s2", "same", "same", False),
+                step("s3", "unused", "unused", False),
+                step("s4", "unknown", "unknown", None),
+            ],
+            "timings_ms": {"total": 5.0, "contribute": 3.0},
+        }
+    )
+    rows = {line.split()[1]: line for line in out.getvalue().splitlines() if " s" in line[:6]}
+    assert rows["s1"].rstrip(" │").endswith("yes")
+    assert rows["s2"].rstrip(" │").endswith("no")
+    assert rows["s3"].rstrip(" │").endswith("no (unused)")
+    assert rows["s4"].rstrip(" │").endswith("unknown")
+
+
 def test_ask_shows_what_each_step_contributes_when_asked(stack: Stack) -> None:
     url = stack.url("orchestrator")
     wide = {"COLUMNS": "200"}

@@ -59,3 +59,22 @@ def test_the_served_steps_carry_their_contribution_only_when_asked(tmp_path) -> 
     assert asked["timings_ms"]["contribute"] > 0
     assert first["steps"][0]["contribution"] is None
     assert second["cached"] is False and second["steps"][0]["contribution"] is not None
+
+
+def test_counterfactuals_spend_the_requests_tool_budget_and_unknowns_are_not_cached(
+    tmp_path,
+) -> None:
+    tools = ToolSwitch()
+    # the plan's 3 calls leave 1 of the request's 4: s1's two counterfactuals need 2
+    with orchestrator_stack(
+        tmp_path, FakePlanner(SCRIPT), FakeVerifier(), tools, max_tool_calls_per_request=4
+    ) as url:
+        options = {"contributions": True}
+        first = httpx.post(f"{url}/reason", json={"question": "q", "options": options}).json()
+        calls_first = tools.calls
+        again = httpx.post(f"{url}/reason", json={"question": "q", "options": options}).json()
+    found = {s["id"]: s["contribution"] for s in first["steps"]}
+    assert found["s1"]["perturbed"] == "unknown" or found["s1"]["removed"] == "unknown"
+    assert calls_first <= 4  # never past the request's budget
+    # a response with a contribution still unknown is measured again, not served cached
+    assert again["cached"] is False
