@@ -50,7 +50,15 @@ def load(paths: Iterable[Path]) -> list[VoteItem]:
             if line.strip():
                 record = json.loads(line)
                 if "kind" in record and "sample" in record:
-                    samples.setdefault(record["id"], []).append(record)
+                    rows = samples.setdefault(record["id"], [])
+                    if any(
+                        (r["kind"], r["sample"]) == (record["kind"], record["sample"]) for r in rows
+                    ):
+                        raise ValueError(
+                            f"{path}: {record['id']} has {record['kind']} sample "
+                            f"{record['sample']} twice (two runs of one question?)"
+                        )
+                    rows.append(record)
                 else:
                     last[record["id"]] = record
     items = [_from_samples(rows) for rows in samples.values()]
@@ -77,12 +85,13 @@ def _from_samples(rows: list[dict]) -> VoteItem:
         )
 
     first = rows[0]
+    question = next((r["claim"]["question"] for r in rows if r.get("claim")), "")
     return VoteItem(
         id=first["id"],
         gold=first["gold"],
         plans=answers("plan"),
         prose=answers("prose"),
-        question=first["claim"]["question"] if first.get("claim") else "",
+        question=question,
     )
 
 
@@ -114,9 +123,9 @@ def drawn(item: VoteItem, p: int, q: int) -> int:
     """Samples the orchestrator's adaptive sampling draws for `p` plans and `q` solutions:
     a majority of the plans with every solution first, the rest only when those leave the
     vote open (`orchestrator.service.settled`); its answer is the full draw's."""
-    from orchestrator.service import settled
+    from orchestrator.service import first_draw, settled
 
-    first = p if p <= 2 else p // 2 + 1
+    first = first_draw(p)
     answers = [answer_key(a) for a in (*item.plans[:first], *item.prose[:q])]
     return first + q if first < p and settled(answers, p + q) else p + q
 
@@ -168,8 +177,9 @@ def main(argv: list[str] | None = None) -> int:
     if not items:
         print("no item with recorded votes", file=sys.stderr)
         return 1
-    max_p = max(len(i.plans) for i in items)
-    max_q = max(len(i.prose) for i in items)
+    # the votes every item can replay (files of different draws: the smaller of each)
+    max_p = min(len(i.plans) for i in items)
+    max_q = min(len(i.prose) for i in items)
     print(f"{len(items)} items\n")
     print("| plans | prose | samples | drawn (adaptive, mean) | right | accuracy | Wilson 95% |")
     print("|---:|---:|---:|---:|---:|---:|---|")

@@ -87,7 +87,8 @@ class Sample:
     seed: int  # the planner's base seed (PLANNER_SEED), which with the question decides its samples
     model: str
     # How the planner was asked to write its plans (PLANNER_PLAN_FORMAT): the verifier
-    # must be trained on what the serving planner produces. Lines of recipe 1 lack it.
+    # must be trained on what the serving planner produces. Recipe 1 did not write it;
+    # the committed files of that recipe have it added from how they were drawn.
     plan_format: str
     answer: str | None  # as the pipeline would serve it (None: no answer)
     predicted: float | int | None  # the number the evaluation's rule reads from it
@@ -124,11 +125,11 @@ def done_ids(path: Path) -> set[str]:
 
 
 def check_same_source(path: Path, planner: PlannerService) -> None:
-    """Refuse to add samples of another model or plan format to a file: a file is one
-    population of the planner's work (lines of recipe 1 name no format)."""
+    """Refuse to add samples of another model or plan format to a file, or to a file whose
+    lines do not say their format: a file is one population of the planner's work."""
     model, fmt = planner.backend.model, planner.settings.plan_format
     for r in read_samples(path):
-        if r["model"] != model or r.get("plan_format", fmt) != fmt:
+        if r["model"] != model or r.get("plan_format") != fmt:
             raise SystemExit(
                 f"{path} holds samples of {r['model']} in plan format "
                 f"{r.get('plan_format', '?')}; this run samples {model} in {fmt}: "
@@ -299,13 +300,14 @@ async def run(
         if settings.backend == "scripted":
             raise SystemExit(
                 "the planner backend is `scripted` (the settings default, for tests): set "
-                "PLANNER_BACKEND=llamacpp (the embedded default) or vllm to sample a model"
+                "PLANNER_BACKEND=llamacpp (the embedded default), vllm or openai to sample "
+                "a model"
             )
         planner = PlannerService(create_backend(settings), settings)
-    check_same_source(args.out, planner)
     await planner.load()
     if not planner.ready:
         raise SystemExit(f"the planner model did not load: {planner.load_error}")
+    check_same_source(args.out, planner)  # after loading: a backend may learn its model then
     started = time.monotonic()
     sampled = failed = 0
     bar = None
@@ -486,6 +488,8 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     args = parser.parse_args(argv)
     if args.claims is not None and args.report is None:
         parser.error("--claims needs --report FILES (the sample files to read)")
+    if args.offset < 0 or (args.limit is not None and args.limit < 0):
+        parser.error("--offset and --limit must not be negative")
     if args.report is None:
         if args.out is None:
             parser.error("--out is required to sample")

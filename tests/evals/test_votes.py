@@ -107,3 +107,41 @@ def test_adaptive_sampling_draws_the_rest_only_while_the_vote_is_open() -> None:
     split = VoteItem("b", 72, plans=("72", "5", "6", "72", "72"), prose=())
     assert drawn(split, 5, 0) == 5
     assert drawn(split, 2, 0) == 2  # two plans or fewer are drawn at once
+
+
+def test_a_sample_file_item_keeps_its_question_and_refuses_a_repeated_sample(tmp_path) -> None:
+    no_answer = {"id": "a", "kind": "plan", "sample": 0, "gold": 1, "answer": None, "claim": None}
+    answered = {
+        **no_answer,
+        "sample": 1,
+        "answer": "1",
+        "claim": {"question": "Add 2,500 twice", "statement": "", "context": ""},
+    }
+    path = tmp_path / "s.jsonl"
+    path.write_text(json.dumps(no_answer) + "\n" + json.dumps(answered) + "\n")
+    (item,) = load([path])
+    assert item.question == "Add 2,500 twice"  # from a sample that has a claim
+    twice = tmp_path / "twice.jsonl"
+    twice.write_text(path.read_text())
+    with pytest.raises(ValueError, match="plan sample 0 twice"):
+        load([path, twice])
+
+
+def test_the_report_covers_the_votes_every_file_can_replay(tmp_path, capsys) -> None:
+    from evals.votes import main
+
+    votes = tmp_path / "votes.jsonl"
+    votes.write_text(line("a", 72, ["72", "72", "5", "5"], ["72", "72", "72", "72"]) + "\n")
+    samples = tmp_path / "samples.jsonl"
+    rows = [("plan", k, "72") for k in range(5)] + [("prose", k, "6") for k in range(3)]
+    samples.write_text(
+        "".join(
+            json.dumps({"id": "b", "kind": kd, "sample": k, "gold": 72, "answer": a, "claim": None})
+            + "\n"
+            for kd, k, a in rows
+        )
+    )
+    assert main([str(votes), str(samples)]) == 0
+    table_rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ")]
+    # 4 plans and 3 solutions: every item has them (the first line is the header)
+    assert table_rows[-1].startswith("| 4 | 3 | 7 |") and "2/2" in table_rows[-1]

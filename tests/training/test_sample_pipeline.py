@@ -341,6 +341,17 @@ def test_a_file_holds_one_model_and_plan_format(tmp_path: Path) -> None:
         with pytest.raises(SystemExit, match="write them to another file"):
             sample(tmp_path, data, "--plans", "1")
         assert len(list(sp.read_samples(out))) == 1  # nothing was added
+    # a line that does not say its format (recipe 1) is refused too
+    out.write_text(json.dumps({k: v for k, v in rows[0].items() if k != "plan_format"}) + "\n")
+    with pytest.raises(SystemExit, match="write them to another file"):
+        sample(tmp_path, data, "--plans", "1")
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize("flag", ["--limit", "--offset"])
+def test_a_negative_limit_or_offset_is_refused(tmp_path: Path, flag: str) -> None:
+    with pytest.raises(SystemExit):
+        sp.parse_args(["--out", str(tmp_path / "o.jsonl"), flag, "-1"])
 
 
 @pytest.mark.unit
