@@ -25,6 +25,8 @@ import math
 from collections.abc import Callable
 from typing import Any
 
+import structlog
+
 from orchestrator.executor import Execution, PlanExecutor
 from orchestrator.limits import ToolBudget
 from orchestrator.tools.base import ToolContext
@@ -126,9 +128,12 @@ async def contributions(
     async def counterfactual(step_id: str, replacement: Any) -> CounterfactualEffect:
         """The answer when `step_id`'s value is `replacement` (REMOVED: taken away); a
         rerun the deadline cuts short is `unknown`."""
+        # the rerun's tool calls log as steps do; this label tells them from the plan's own
+        label = {"labels.counterfactual_of": step_id}
         try:
-            async with asyncio.timeout_at(deadline):
-                return await rerun_without(step_id, replacement)
+            with structlog.contextvars.bound_contextvars(**label):
+                async with asyncio.timeout_at(deadline):
+                    return await rerun_without(step_id, replacement)
         except TimeoutError:
             return "unknown"
 

@@ -121,6 +121,25 @@ async def test_a_counterfactual_past_the_call_budget_is_unknown_not_guessed() ->
     )
 
 
+async def test_the_reruns_tool_calls_are_labelled_as_counterfactuals_in_the_logs() -> None:
+    import structlog
+
+    seen: list[object] = []
+
+    async def recording(text: str, ctx: ToolContext) -> Any:
+        seen.append(structlog.contextvars.get_contextvars().get("labels.counterfactual_of"))
+        return ctx.values.get("s1", 0) * 2
+
+    reg = registry()
+    reg.register(
+        Tool(ToolSpec(name="rec", description="rec", input_format="s1"), recording, timeout_s=1)
+    )
+    plan = make_plan([("s1", "const", "3", []), ("s2", "rec", "s1", ["s1"])], "s2")
+    await measure(plan, reg)
+    assert seen == [None, "s1", "s1"]  # the plan's own call, then s1's two reruns of s2
+    assert "labels.counterfactual_of" not in structlog.contextvars.get_contextvars()
+
+
 async def test_counterfactual_calls_come_out_of_the_requests_own_budget() -> None:
     budget = ToolBudget(100)
     await measure(PLAN, registry(), budget=budget)
