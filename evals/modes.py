@@ -12,7 +12,11 @@ All modes run on the same planner model:
   those leave the vote open), executed; the answer most of them agree on, verified.
 - `plan+verify+mixed5`: programs and prose, five samples: two plans, executed, and
   three chain-of-thought solutions (the first greedy), one vote each; the answer most
-  of them agree on, verified. The mix the sampling study chose (docs/eval/dev).
+  of them agree on, verified. The mix the sampling study chose in the `json` plan format
+  (docs/eval/dev).
+- `plan+verify+mixed7`: four plans and three chain-of-thought solutions (adaptive: three
+  plans with the solutions first, the fourth only when those leave the vote open),
+  verified. The mix the sampling study in the `draft` plan format chose (docs/eval/dev).
 - `votes4x4`: the sampling study, not a served setting: four plans and four
   chain-of-thought solutions (the first greedy: the `direct` answer), all drawn
   (adaptive off), verified. Its lines keep every vote (`agreement.votes`), so any vote
@@ -52,6 +56,7 @@ MODES: dict[str, PipelineMode | None] = {
     "plan+verify": PipelineMode(n_plans=1, verify=True),
     "plan+verify+sc5": PipelineMode(n_plans=5, verify=True),
     "plan+verify+mixed5": PipelineMode(n_plans=2, verify=True, n_prose=3),
+    "plan+verify+mixed7": PipelineMode(n_plans=4, verify=True, n_prose=3),
     "votes4x4": PipelineMode(n_plans=4, verify=True, n_prose=4, adaptive=False),
 }
 

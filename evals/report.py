@@ -30,7 +30,14 @@ from evals.stats import (
 )
 
 STAGES = ("plan", "execute", "verify", "total")
-MODE_ORDER = ("direct", "plan", "plan+verify", "plan+verify+sc5", "plan+verify+mixed5")
+MODE_ORDER = (
+    "direct",
+    "plan",
+    "plan+verify",
+    "plan+verify+sc5",
+    "plan+verify+mixed5",
+    "plan+verify+mixed7",
+)
 
 
 @dataclass

@@ -228,6 +228,36 @@ async def test_reason_runner_maps_failures() -> None:
     assert bad["trace_id"] == "b" * 32 and bad["correct"] is False
 
 
+@pytest.mark.parametrize(
+    ("mode", "n_plans", "n_prose"),
+    [("plan+verify+mixed5", 2, 3), ("plan+verify+mixed7", 4, 3)],
+)
+async def test_mixed_modes_ask_for_plans_and_solutions(
+    mode: str, n_plans: int, n_prose: int
+) -> None:
+    import httpx
+
+    from evals.modes import ReasonRunner
+
+    sent: list[dict[str, Any]] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        sent.append(json.loads(request.content))
+        return httpx.Response(
+            503, json={"error": {"type": "x", "message": "x"}, "trace_id": "c" * 32}
+        )
+
+    async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as client:
+        await ReasonRunner(client, "http://o", mode, dataset="d", model="m")(Item("1", "q", 3, "3"))
+    assert sent[0]["options"] == {
+        "n_plans": n_plans,
+        "n_prose": n_prose,
+        "verify": True,
+        "use_cache": False,
+        "deadline_s": 120.0,
+    }
+
+
 async def test_reason_runner_keeps_every_round_of_a_replanned_request() -> None:
     import httpx
 
