@@ -143,8 +143,9 @@ async def contributions(
             if replacement is REMOVED:
                 return "failed"
             return "same" if answer_key(render_value(replacement)) == served else "changed"
-        if not (calls.take(len(rerun)) and budget.take(len(rerun))):
+        if not calls.take(len(rerun)):
             return "unknown"
+        budget.take(len(rerun))  # `calls` is capped at what the request's budget had left
         values = dict(execution.values)
         if replacement is REMOVED:
             del values[step_id]
