@@ -49,7 +49,7 @@ mkdir -p "$out" "$logs"
 export PLANNER_BACKEND=llamacpp PLANNER_MODEL="$model"
 export VERIFIER_BACKEND="${VERIFIER_BACKEND:-model}"
 export ORCH_PORT="$port" PLANNER_PORT=$((port + 1)) VERIFIER_PORT=$((port + 2))
-export PLANNER_N_THREADS=1
+export PLANNER_N_THREADS="${PLANNER_N_THREADS:-1}"  # 2 when this is the only copy running
 "$py" -m cli models pull "$PLANNER_MODEL"
 "$py" -m cli models pull smollm2-135m-instruct
 declare -A files=([gsm8k]=datasets/gsm8k/test.norm.jsonl
