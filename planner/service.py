@@ -14,6 +14,7 @@ from planner.backends.base import GenerationRequest, PlanBackend, Usage
 from planner.drafts import DRAFT_STOP, DraftRefused, plan_from_draft
 from planner.prompting import FORMATS, build_messages, transcription_messages
 from planner.prose import PROSE_MAX_TOKENS, PROSE_TEMPERATURE, prose_prompt
+from planner.repair import repair_plan, undefined_names
 from services.answers import last_number
 from services.errors import InvalidRequest, NotReady, PlanInvalid, PlanningFailed
 from services.model_host import ModelHost
@@ -40,6 +41,10 @@ MAX_TRANSCRIBED_CHARS = 8000  # a longer draft is not pasted into a second promp
 WARM_UP_QUESTION = "How many days are in two weeks?"
 
 PLANS = Counter("planner_plans_total", "Plans generated", ["outcome"])
+REPAIRED = Counter(
+    "planner_plans_repaired_total",
+    "Valid plans the planner repaired before taking them (planner.repair)",
+)
 SOLUTIONS = Counter("planner_solutions_total", "Chain-of-thought solutions", ["answered"])
 PLAN_LATENCY = Histogram("planner_generation_seconds", "Backend generation latency")
 
@@ -280,6 +285,17 @@ class PlannerService(ModelHost):
                 },
             )
             return
+        plan, repairs = repair_plan(plan)
+        if repairs:
+            REPAIRED.inc()
+            log.info(
+                "plan repaired",
+                **{
+                    "event.action": "planner.repair",
+                    "planner.attempt": attempt,
+                    "planner.repairs": repairs.notes,
+                },
+            )
         try:
             check_python_steps(plan)
         except PlanInvalid as exc:
@@ -404,10 +420,13 @@ def check_python_steps(plan: Plan) -> None:
     returned rather than failing the request.
 
     The code is only parsed here, never run (the orchestrator's sandbox runs it). A step
-    must be valid Python, and the answer step must give a value by the python tool's rule
-    (`services.toolspecs.python_gives_answer`: end with an expression or set `result`),
-    otherwise the sandbox would return nothing.
+    must be valid Python and read no name that neither it nor a step it depends on
+    provides (`planner.repair.undefined_names`, checked after `repair_plan`); the answer
+    step must give a value by the python tool's rule (`services.toolspecs.
+    python_gives_answer`: end with an expression or set `result`), otherwise the sandbox
+    would return nothing.
     """
+    undefined = undefined_names(plan)
     for step in plan.steps:
         if step.tool != "python":
             continue
@@ -419,6 +438,13 @@ def check_python_steps(plan: Plan) -> None:
             ) from None
         except (ValueError, RecursionError, MemoryError):
             raise PlanInvalid(f"python step {step.id} cannot be parsed") from None
+        missing = undefined.get(step.id)
+        if missing:
+            raise PlanInvalid(
+                f"python step {step.id} uses {', '.join(sorted(missing))}, which no step "
+                "defines: each step sees only its own variables and earlier results by "
+                "their step ids"
+            )
         if step.id != plan.answer_step or not tree.body:
             continue
         if not python_gives_answer(tree):

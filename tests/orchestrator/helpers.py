@@ -7,8 +7,8 @@ import asyncio
 import json
 import threading
 import time
-from collections.abc import Iterator
-from contextlib import AsyncExitStack, contextmanager
+from collections.abc import AsyncIterator, Iterator
+from contextlib import AsyncExitStack, asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -72,6 +72,23 @@ class ServerThread:
     def __exit__(self, *exc: object) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=10)
+
+
+@asynccontextmanager
+async def sandbox_registry() -> AsyncIterator[ToolRegistry]:
+    """The python tool on a real one-worker sandbox, with calc beside it."""
+    from orchestrator.sandbox import Sandbox, SandboxSettings
+    from orchestrator.tools.python import PythonTool
+
+    sandbox = Sandbox(SandboxSettings(workers=1, memory_mb=256, cpu_s=2))
+    await sandbox.start()
+    reg = ToolRegistry()
+    reg.register(Tool(toolspecs.PYTHON, PythonTool(sandbox), timeout_s=5.0))
+    reg.register(Tool(toolspecs.CALC, calc, timeout_s=1.0))
+    try:
+        yield reg
+    finally:
+        await sandbox.close()
 
 
 def plan(

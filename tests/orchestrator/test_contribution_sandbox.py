@@ -6,11 +6,7 @@ from __future__ import annotations
 import pytest
 import pytest_asyncio
 
-from orchestrator.sandbox import Sandbox, SandboxSettings
-from orchestrator.tools.calc import calc
-from orchestrator.tools.python import PythonTool
-from orchestrator.tools.registry import Tool, ToolRegistry
-from services import toolspecs
+from tests.orchestrator.helpers import sandbox_registry
 from tests.orchestrator.test_contribution import make_plan, measure
 
 pytestmark = [pytest.mark.integration]
@@ -18,15 +14,8 @@ pytestmark = [pytest.mark.integration]
 
 @pytest_asyncio.fixture(scope="module", loop_scope="module")
 async def python_registry():
-    sandbox = Sandbox(SandboxSettings(workers=1, memory_mb=256, cpu_s=2))
-    await sandbox.start()
-    reg = ToolRegistry()
-    reg.register(Tool(toolspecs.PYTHON, PythonTool(sandbox), timeout_s=5.0))
-    reg.register(Tool(toolspecs.CALC, calc, timeout_s=1.0))
-    try:
+    async with sandbox_registry() as reg:
         yield reg
-    finally:
-        await sandbox.close()
 
 
 @pytest.mark.asyncio(loop_scope="module")

@@ -105,7 +105,9 @@ async def test_invalid_plan_is_retried_with_the_error_fed_back() -> None:
         ),
         (plan(extra_field="x"), "extra_field"),
         (plan("total = (3 +"), "not valid Python"),
-        (plan("apples = 3\ntotal = apples * 2"), "gives no value"),
+        # ends in a loop: no last assignment for the repair to answer with
+        (plan("total = 0\nfor k in range(3):\n    total += k"), "gives no value"),
+        (plan("result = apples * 2"), "uses apples, which no step defines"),
         ({"reasoning": "no steps", "steps": [], "answer_step": "s1"}, "steps"),
     ],
 )
@@ -121,7 +123,7 @@ async def test_each_kind_of_invalid_plan_is_fed_back(bad: dict[str, Any], reason
 
 async def test_answerless_python_is_retried_then_returned_as_last_resort() -> None:
     question = "How many?"
-    weak = plan("apples = 3\ntotal = apples * 2")  # valid plan, but gives no value
+    weak = plan("total = 0\nfor k in range(3):\n    total += k")  # valid, gives no value
     backend = RecordingBackend({question: [json.dumps(weak)]})
     service = await ready_service(backend, max_attempts=3)
     response = await service.plan(PlanRequest(question=question))

@@ -1,0 +1,232 @@
+"""Plan repair: steps that read another python step's variables, cite a step they do
+not depend on, or end without an answer are fixed deterministically; nothing else is
+touched, and every repaired plan is still a valid DAG."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from planner.repair import free_names, repair_plan, undefined_names
+from planner.service import PlannerService
+from services.plans import check_plan
+from services.schemas import MAX_STEP_INPUT_CHARS, Plan, PlanRequest
+from services.settings import PlannerSettings
+from services.toolspecs import tool_names
+from tests.planner.test_service import RecordingBackend
+
+pytestmark = pytest.mark.unit
+
+SAMPLES = Path(__file__).resolve().parents[2] / "training" / "samples"
+
+
+def make_plan(steps: list[tuple[str, str, str, list[str]]], answer: str) -> Plan:
+    return Plan(
+        reasoning="r",
+        steps=[{"id": i, "tool": t, "input": x, "depends_on": d} for i, t, x, d in steps],
+        answer_step=answer,
+    )
+
+
+def code_of(plan: Plan, sid: str) -> str:
+    return next(s.input for s in plan.steps if s.id == sid)
+
+
+def deps_of(plan: Plan, sid: str) -> list[str]:
+    return next(s.depends_on for s in plan.steps if s.id == sid)
+
+
+def test_a_program_cut_into_steps_runs_each_step_with_the_code_it_reads() -> None:
+    plan = make_plan(
+        [
+            ("s1", "python", "total_cards = 10 * 20", []),
+            ("s2", "python", "uncommon = total_cards / 4", ["s1"]),
+            ("s3", "python", "result = uncommon", ["s2"]),
+        ],
+        "s3",
+    )
+    fixed, repairs = repair_plan(plan)
+    assert code_of(fixed, "s1") == "total_cards = 10 * 20\nresult = total_cards"
+    assert code_of(fixed, "s2") == (
+        "total_cards = 10 * 20\nuncommon = total_cards / 4\nresult = uncommon"
+    )
+    # each step's own code once, in plan order, then the reader's own
+    assert code_of(fixed, "s3") == (
+        "total_cards = 10 * 20\nuncommon = total_cards / 4\nresult = uncommon"
+    )
+    assert deps_of(fixed, "s3") == ["s2", "s1"]
+    assert repairs.notes == [
+        "s1 answers with the variable its code assigns last",
+        "s2 runs the code of s1 that it reads",
+        "s3 runs the code of s1, s2 that it reads",
+    ]
+    assert undefined_names(fixed) == {}
+    check_plan(fixed, tool_names())
+
+
+def test_an_inlined_result_never_becomes_the_readers_answer() -> None:
+    plan = make_plan(
+        [
+            ("s1", "python", "x = 2\nresult = x", []),
+            ("s2", "python", "y = x * 3\nprint(y)", ["s1"]),
+        ],
+        "s2",
+    )
+    fixed, _ = repair_plan(plan)
+    # s2 answers with what it prints, so the result s1's code set is cleared before it
+    assert code_of(fixed, "s2") == "x = 2\nresult = x\nresult = None\ny = x * 3\nprint(y)"
+
+
+def test_a_reader_of_result_gets_it_from_the_step_that_set_it() -> None:
+    plan = make_plan(
+        [
+            ("s1", "calc", "10 * 20", []),
+            ("s2", "python", "result = s1 / 4", ["s1"]),
+            ("s3", "python", "result", ["s2"]),
+        ],
+        "s3",
+    )
+    fixed, _ = repair_plan(plan)
+    assert code_of(fixed, "s3") == "result = s1 / 4\nresult"
+    assert deps_of(fixed, "s3") == ["s2", "s1"]  # s2's code reads s1 by its id
+
+
+def test_result_that_no_step_sets_is_the_one_dependency_s_value() -> None:
+    plan = make_plan(
+        [
+            ("s1", "calc", "2 * 2", []),
+            ("s2", "calc", "30 / s1", ["s1"]),
+            ("s3", "python", "result", ["s2"]),
+        ],
+        "s3",
+    )
+    fixed, repairs = repair_plan(plan)
+    assert code_of(fixed, "s3") == "result = s2\nresult"
+    assert repairs.notes == ["s3 reads the result of s2 as `result`"]
+
+
+def test_a_cited_step_becomes_a_dependency_unless_that_makes_a_cycle() -> None:
+    plan = make_plan(
+        [
+            ("s1", "calc", "20 * 2", []),
+            ("s2", "calc", "s1 * 2", ["s1"]),
+            ("s3", "calc", "s2 + s1", ["s2"]),
+            ("s4", "calc", "s3 / 60 + s5", ["s3"]),  # s5 is below s4: never added
+            ("s5", "calc", "s4 + 1", ["s4"]),
+        ],
+        "s5",
+    )
+    fixed, repairs = repair_plan(plan)
+    assert deps_of(fixed, "s3") == ["s2", "s1"]
+    assert deps_of(fixed, "s4") == ["s3"]
+    assert repairs.notes == ["s3 depends on s1, which it cites"]
+    check_plan(fixed, tool_names())
+
+
+def test_the_nearest_ancestor_defines_a_name_two_steps_assign() -> None:
+    plan = make_plan(
+        [
+            ("s1", "python", "n = 1\nresult = n", []),
+            ("s2", "python", "n = 5\nresult = n", []),
+            ("s3", "python", "n * 2", ["s1"]),
+        ],
+        "s3",
+    )
+    fixed, _ = repair_plan(plan)
+    assert code_of(fixed, "s3") == "n = 1\nresult = n\nn * 2"
+
+
+def test_a_plan_needing_nothing_comes_back_unchanged() -> None:
+    plan = make_plan(
+        [
+            ("s1", "python", "apples = 3\nresult = apples * 2", []),
+            ("s2", "calc", "s1 + 1", ["s1"]),
+            (
+                "s3",
+                "python",
+                "import math\nvalues = [s2 * k for k in range(3)]\nmath.fsum(values)",
+                ["s2"],
+            ),
+        ],
+        "s3",
+    )
+    fixed, repairs = repair_plan(plan)
+    assert fixed == plan and not repairs and repairs.notes == []
+
+
+def test_code_too_long_once_inlined_is_left_as_written() -> None:
+    big = "x = 1\n" + "y = 2\n" * ((MAX_STEP_INPUT_CHARS // 6) - 2)
+    plan = make_plan([("s1", "python", big, []), ("s2", "python", "result = x + 1", ["s1"])], "s2")
+    fixed, _ = repair_plan(plan)
+    assert code_of(fixed, "s2") == "result = x + 1"
+    assert undefined_names(fixed) == {"s2": {"x"}}
+
+
+@pytest.mark.parametrize(
+    ("code", "free"),
+    [
+        ("result = apples * 2", {"apples"}),
+        ("total = sum(k for k in range(n))", {"n"}),
+        ("def f(a):\n    return a + rate\nresult = f(2)", {"rate"}),
+        ("def f(a):\n    return a + rate\nrate = 3\nresult = f(2)", set()),
+        ("import math\nmath.ceil(s1 / 3)", {"s1"}),
+        ("for i in range(3):\n    pass\ni", set()),
+        ("x = (", set()),  # does not parse: the python check reports it, not this
+    ],
+)
+def test_free_names(code: str, free: set[str]) -> None:
+    assert free_names(code) == free
+
+
+def test_undefined_names_counts_only_the_steps_a_step_depends_on() -> None:
+    plan = make_plan(
+        [("s1", "calc", "1 + 1", []), ("s2", "python", "result = s1 + price", [])], "s2"
+    )
+    assert undefined_names(plan) == {"s2": {"s1", "price"}}
+    fixed, _ = repair_plan(plan)
+    assert undefined_names(fixed) == {"s2": {"price"}}
+
+
+def _committed_plans() -> list[dict[str, Any]]:
+    plans = []
+    for path in sorted(SAMPLES.glob("*/*.jsonl")):
+        for line in path.read_text().splitlines():
+            row = json.loads(line)
+            if row.get("plan"):
+                plans.append(row["plan"])
+    return plans
+
+
+def test_every_committed_sample_plan_repairs_into_a_valid_plan() -> None:
+    plans = _committed_plans()
+    assert len(plans) > 500
+    repaired = 0
+    for data in plans:
+        fixed, repairs = repair_plan(Plan.model_validate(data))
+        check_plan(fixed, tool_names())
+        Plan.model_validate(fixed.model_dump())  # within every wire bound
+        again, more = repair_plan(fixed)
+        assert again == fixed and not more  # repairing twice changes nothing more
+        repaired += bool(repairs)
+    assert repaired > 0
+
+
+async def test_the_planner_returns_the_repaired_plan_without_asking_again() -> None:
+    question = "How many uncommon cards?"
+    split = {
+        "reasoning": "cards, then a quarter of them",
+        "steps": [
+            {"id": "s1", "tool": "python", "input": "cards = 10 * 20", "depends_on": []},
+            {"id": "s2", "tool": "python", "input": "cards / 4", "depends_on": ["s1"]},
+        ],
+        "answer_step": "s2",
+    }
+    backend = RecordingBackend({question: [json.dumps(split)]})
+    service = PlannerService(backend, PlannerSettings(plan_format="json"))
+    await service.load()
+    response = await service.plan(PlanRequest(question=question))
+    assert len(backend.requests) == 1
+    assert code_of(response.plans[0], "s2") == "cards = 10 * 20\ncards / 4"
