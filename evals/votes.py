@@ -119,15 +119,40 @@ def right(item: VoteItem, answer: str | None) -> bool:
     return is_correct(extract_number(answer), item.gold)
 
 
-def drawn(item: VoteItem, p: int, q: int) -> int:
-    """Samples the orchestrator's adaptive sampling draws for `p` plans and `q` solutions:
-    a majority of the plans with every solution first, the rest only when those leave the
-    vote open (`orchestrator.service.settled`); its answer is the full draw's."""
-    from orchestrator.service import first_draw, settled
+def served(item: VoteItem, p: int, q: int) -> tuple[str | None, int]:
+    """What the orchestrator's adaptive sampling serves for `p` plans and `q` solutions,
+    and how many samples it draws for it (`orchestrator.service.first_stage`): with both
+    kinds, the first plan and the greedy solution, the rest only when those two disagree
+    (then the vote of all); plans alone, a majority first and the rest only while the vote
+    is open (`settled`; the answer is the full draw's)."""
+    from orchestrator.service import first_stage, settled, unanimous
 
-    first = first_draw(p)
-    answers = [answer_key(a) for a in (*item.plans[:first], *item.prose[:q])]
-    return first + q if first < p and settled(answers, p + q) else p + q
+    full = replay(item, p, q)
+    first_p, first_q = first_stage(p, q)
+    if first_q < q:
+        first = [*item.plans[:first_p], *item.prose[:first_q]]
+        if unanimous([answer_key(a) for a in first], first_p + first_q):
+            return winner(first), first_p + first_q
+        return full, p + q
+    answers = [answer_key(a) for a in (*item.plans[:first_p], *item.prose[:q])]
+    return full, (first_p + q if first_p < p and settled(answers, p + q) else p + q)
+
+
+def staged(item: VoteItem, p: int, q: int, first_p: int, first_q: int) -> tuple[str | None, int]:
+    """Early stopping on agreement with another first stage: the first `first_p` plans
+    and `first_q` solutions, the answer when they all agree, else the vote of all `p`
+    plans and `q` solutions (how the first stage of `first_stage` was chosen)."""
+    from orchestrator.service import unanimous
+
+    first = [*item.plans[:first_p], *item.prose[:first_q]]
+    if unanimous([answer_key(a) for a in first], first_p + first_q):
+        return winner(first), first_p + first_q
+    return replay(item, p, q), p + q
+
+
+def drawn(item: VoteItem, p: int, q: int) -> int:
+    """Samples the orchestrator's adaptive sampling draws for `p` plans and `q` solutions."""
+    return served(item, p, q)[1]
 
 
 def table(items: list[VoteItem], max_p: int = 4, max_q: int = 4) -> list[dict]:
@@ -139,13 +164,17 @@ def table(items: list[VoteItem], max_p: int = 4, max_q: int = 4) -> list[dict]:
             usable = [i for i in items if len(i.plans) >= p and len(i.prose) >= q]
             k = sum(right(i, replay(i, p, q)) for i in usable)
             low, high = wilson_interval(k, len(usable))
-            mean_drawn = sum(drawn(i, p, q) for i in usable) / max(len(usable), 1)
+            adaptive = [served(i, p, q) for i in usable]
+            mean_drawn = sum(n for _, n in adaptive) / max(len(usable), 1)
             rows.append(
                 {
                     "plans": p,
                     "prose": q,
                     "items": len(usable),
                     "right": k,
+                    "right_served": sum(
+                        right(i, a) for i, (a, _) in zip(usable, adaptive, strict=True)
+                    ),
                     "ci": (low, high),
                     "drawn": round(mean_drawn, 2),
                 }
@@ -181,17 +210,36 @@ def main(argv: list[str] | None = None) -> int:
     max_p = min(len(i.plans) for i in items)
     max_q = min(len(i.prose) for i in items)
     print(f"{len(items)} items\n")
-    print("| plans | prose | samples | drawn (adaptive, mean) | right | accuracy | Wilson 95% |")
-    print("|---:|---:|---:|---:|---:|---:|---|")
+    print(
+        "| plans | prose | samples | right, all drawn | accuracy | Wilson 95% "
+        "| right, adaptive (served) | drawn (adaptive, mean) |"
+    )
+    print("|---:|---:|---:|---:|---:|---|---:|---:|")
     for row in table(items, max_p, max_q):
         n = row["items"]
         low, high = row["ci"]
         print(
             f"| {row['plans']} | {row['prose']} | {row['plans'] + row['prose']} | "
-            f"{row['drawn']:.2f} | {row['right']}/{n} | {100 * row['right'] / n:.1f}% | "
-            f"{100 * low:.1f}–{100 * high:.1f} |"
+            f"{row['right']}/{n} | {100 * row['right'] / n:.1f}% | "
+            f"{100 * low:.1f}–{100 * high:.1f} | {row['right_served']}/{n} | {row['drawn']:.2f} |"
         )
     full = [i for i in items if len(i.plans) >= max_p and len(i.prose) >= max_q]
+    if max_p >= 2 and max_q >= 2:
+        p, q = min(max_p, 4), min(max_q, 3)
+        print(f"\nearly stop on agreement, {p} plans and {q} solutions:")
+        print("| first plans | first solutions | right | drawn (mean) | stopped early (right) |")
+        print("|---:|---:|---:|---:|---|")
+        for first_p, first_q in ((1, 1), (1, 2), (2, 1), (2, 2)):
+            got = [staged(i, p, q, first_p, first_q) for i in full]
+            stopped = [
+                (i, a) for i, (a, n) in zip(full, got, strict=True) if n == first_p + first_q
+            ]
+            print(
+                f"| {first_p} | {first_q} | "
+                f"{sum(right(i, a) for i, (a, _) in zip(full, got, strict=True))}/{len(full)} | "
+                f"{sum(n for _, n in got) / len(full):.2f} | "
+                f"{len(stopped)} ({sum(right(i, a) for i, a in stopped)}) |"
+            )
     oracle = sum(any(right(i, a) for a in (*i.plans, *i.prose)) for i in full)
     print(f"\nsome sample right (the headroom of any vote or router): {oracle}/{len(full)}")
     for big in (100, 1000, 10000):

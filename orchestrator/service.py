@@ -1,11 +1,14 @@
 """`/reason`: plan, execute, vote across plans, verify, replan where it pays, cache.
 
 With `n_plans > 1` the answer is the one most executed plans agree on (self-consistency
-over executed answers); the verifier's score only breaks ties. Sampling is adaptive:
-a majority of the plans is drawn first, and the rest only when those leave the vote open,
-so the answer is the one the full draw's vote would give. With `n_prose > 0` the
-planner's chain-of-thought solutions (`/solve`, no tools) are drawn beside the first
-plans and vote with them, one vote each: programs and prose make different mistakes.
+over executed answers); the verifier's score only breaks ties. Sampling is adaptive.
+Plans alone: a majority of the plans is drawn first, and the rest only when those leave
+the vote open, so the answer is the one the full draw's vote would give. With
+`n_prose > 0` the planner's chain-of-thought solutions (`/solve`, no tools) vote beside
+the plans, one vote each: programs and prose make different mistakes. Then the first plan
+and the greedy solution are drawn first, and when they agree that is the answer; only
+when they disagree are the other plans and solutions drawn, together, and all of them
+vote (`first_stage`, chosen on the GSM8K train dev split: docs/eval/dev).
 An answer an executed plan gave is served with that plan's steps; one only prose gave,
 with its solution. A round is replanned (with the failed attempt as feedback) only for
 the reasons in `replan_on`; replanning rounds draw plans only.
@@ -489,24 +492,52 @@ class ReasonService:
     ) -> list[Attempt]:
         """One round: draw plans (adaptively) and, with `prose`, the chain-of-thought
         solutions beside the first ones; execute the plans; verify the leading answers."""
-        n = request.options.n_plans
-        first = first_draw(n, request.options.adaptive)
+        options = request.options
+        n = options.n_plans
+        n_prose = options.n_prose if prose else 0
+        first, first_prose = first_stage(n, n_prose, options.adaptive)
         t0 = time.perf_counter()
         executions, solutions = await self._first_draw(
-            request, deadline, feedback, timings, run, first, prose
+            request, deadline, feedback, timings, run, first, first_prose
         )
         if not executions:
             first = n  # no plan could be made (a draw gives one at least): draw no more
         first_draw_s = time.perf_counter() - t0
         answers = [answer_key(e.answer) for e in executions]
         answers += [answer_key(s.answer) for s in solutions]
+        remaining = deadline - asyncio.get_running_loop().time()
+        if first_prose < n_prose:
+            # programs and prose: the first plan and the greedy solution agreed, or the
+            # rest of both are drawn together, with the verifier's time kept back
+            if not unanimous(answers, first + first_prose) and not run.budget.spent:
+                more_plans, more_prose = await asyncio.gather(
+                    self._draw_more(
+                        request,
+                        deadline - (VERIFY_RESERVE_S if options.verify else 0.0),
+                        feedback,
+                        timings,
+                        run,
+                        n - first,
+                        first,
+                        len(executions),
+                    )
+                    if first < n
+                    else _nothing(),
+                    # a planner that gave no solution (down, or without /solve) is not
+                    # asked again: the plans decide
+                    self._solve(request, deadline, n_prose - first_prose, timings, first_prose)
+                    if solutions
+                    else _nothing(),
+                )
+                executions += more_plans
+                solutions += more_prose
         # more plans only while they can still change the vote, and only with time left
         # for a draw like the first and the verifier after it
-        if (
+        elif (
             first < n
             and not run.budget.spent
             and not settled(answers, n + len(solutions))
-            and deadline - asyncio.get_running_loop().time() > first_draw_s + VERIFY_RESERVE_S
+            and remaining > first_draw_s + VERIFY_RESERVE_S
         ):
             executions += await self._draw_more(
                 request,
@@ -533,11 +564,10 @@ class ReasonService:
         timings: dict[str, float],
         run: Run,
         n: int,
-        prose: bool,
+        n_prose: int,
     ) -> tuple[list[Execution], list[Solution]]:
-        """`n` plans, executed, and (with `prose`) the solutions, drawn together. A
+        """`n` plans, executed, and the first `n_prose` solutions, drawn together. A
         question the planner cannot plan still has its solutions' answers: then no plans."""
-        n_prose = request.options.n_prose if prose else 0
         drawn, solved = await asyncio.gather(
             self._draw(request, deadline, feedback, timings, n, 0, run, 0),
             self._solve(request, deadline, n_prose, timings),
@@ -579,10 +609,16 @@ class ReasonService:
             return []
 
     async def _solve(
-        self, request: ReasonRequest, deadline: float, n: int, timings: dict[str, float]
+        self,
+        request: ReasonRequest,
+        deadline: float,
+        n: int,
+        timings: dict[str, float],
+        offset: int = 0,
     ) -> list[Solution]:
-        """`n` chain-of-thought solutions from the planner, or none: they are extra votes,
-        and a planner that cannot give them leaves the plans to decide."""
+        """Chain-of-thought solutions `offset`.. `offset + n - 1` from the planner (the
+        first of all greedy), or none: they are extra votes, and a planner that cannot
+        give them leaves the plans to decide."""
         if n == 0:
             return []
         remaining = deadline - asyncio.get_running_loop().time()
@@ -593,9 +629,10 @@ class ReasonService:
             return []
         try:
             with timed(timings, "solve"):
-                data = await self.planner.post_json(
-                    "/solve", {"question": request.question, "n": n}, timeout_s=remaining
-                )
+                body: dict[str, Any] = {"question": request.question, "n": n}
+                if offset:
+                    body["offset"] = offset
+                data = await self.planner.post_json("/solve", body, timeout_s=remaining)
                 # model output through the planner: held to its schema, strictly
                 solutions = SolveResponse.model_validate(data, strict=True).solutions[:n]
         except (ServiceError, ValueError) as exc:
@@ -884,12 +921,32 @@ def first_draw(n: int, adaptive: bool = True) -> int:
     return n if n <= 2 or not adaptive else n // 2 + 1
 
 
+def first_stage(n_plans: int, n_prose: int, adaptive: bool = True) -> tuple[int, int]:
+    """Plans and solutions a round draws first. Programs and prose together (adaptive,
+    with solutions): the first plan and the greedy solution, the rest only when those two
+    disagree (`unanimous`; chosen on the GSM8K train dev split, docs/eval/dev). Plans
+    alone: `first_draw` of them, the rest while the vote is not `settled`."""
+    if adaptive and n_prose > 0 and n_plans + n_prose > 2:
+        return 1, 1
+    return first_draw(n_plans, adaptive), n_prose
+
+
+def unanimous(answers: list[str | None], drawn: int) -> bool:
+    """Whether every one of the `drawn` samples answered, all the same answer (answer
+    keys, `services.answers.answer_key`)."""
+    return len(answers) == drawn > 0 and None not in answers and len(set(answers)) == 1
+
+
 def settled(answers: list[str | None], n: int) -> bool:
     """Whether the answers drawn so far decide the vote over `n` plans: the leader keeps
     more votes than the runner-up could reach with every plan still to draw."""
     votes = sorted((answers.count(k) for k in set(answers) if k is not None), reverse=True)
     leader, runner_up = [*votes, 0, 0][:2]
     return leader > runner_up + (n - len(answers))
+
+
+async def _nothing() -> list[Any]:
+    return []
 
 
 def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:

@@ -216,7 +216,8 @@ MAX_ROUNDS = MAX_REPLANS + 1
 class ReasonOptions(Wire):
     n_plans: Annotated[int, Field(ge=1, le=MAX_PLANS)] = 1
     # With n_plans > 1: draw a majority of the plans first and the rest only when the
-    # first ones' answers leave the vote open.
+    # first ones' answers leave the vote open. With n_prose > 0 too: draw the first plan
+    # and the greedy solution first, and the rest of both only when those two disagree.
     adaptive: bool = True
     # Chain-of-thought solutions (the planner's /solve: the model on its own, no tools)
     # drawn beside the first round's plans; each is one vote, as an executed plan is.

@@ -96,17 +96,25 @@ def test_pipeline_sample_files_replay_in_the_order_drawn(tmp_path) -> None:
 
 
 def test_adaptive_sampling_draws_the_rest_only_while_the_vote_is_open() -> None:
-    from evals.votes import drawn
+    from evals.votes import drawn, served
 
     agreeing = VoteItem("a", 72, plans=("72", "72", "72", "5", "5"), prose=("72", "6", "6"))
     assert drawn(agreeing, 5, 0) == 3  # three of five agree: two more cannot change it
-    # with the solutions: 72 has 4 of the 6 drawn, 6 has 2 and could tie with the 2 to come
-    assert drawn(agreeing, 5, 3) == 8
-    settled = VoteItem("s", 72, plans=agreeing.plans, prose=("72", "72", "6"))
-    assert drawn(settled, 5, 3) == 6  # 5 of 6 for 72: the 2 to come cannot change it
     split = VoteItem("b", 72, plans=("72", "5", "6", "72", "72"), prose=())
     assert drawn(split, 5, 0) == 5
     assert drawn(split, 2, 0) == 2  # two plans or fewer are drawn at once
+    # programs and prose: the first plan and the greedy solution agree, nothing more
+    assert served(agreeing, 5, 3) == ("72", 2)
+    # they disagree: all of both are drawn and vote (72 has 4 of 8)
+    disagreeing = VoteItem("d", 72, plans=("5", "72", "72", "72", "6"), prose=("6", "6", "72"))
+    assert served(disagreeing, 5, 3) == ("72", 8)
+    # the early stop serves the two's answer even where the full vote would differ
+    outvoted = VoteItem("o", 5, plans=("6", "5", "5", "5"), prose=("6", "5", "5"))
+    assert served(outvoted, 4, 3) == ("6", 2)
+    assert replay(outvoted, 4, 3) == "5"
+    # a first sample without an answer is no agreement
+    silent = VoteItem("n", 5, plans=(None, "5"), prose=(None, "5"))
+    assert served(silent, 2, 2) == ("5", 4)
 
 
 def test_a_sample_file_item_keeps_its_question_and_refuses_a_repeated_sample(tmp_path) -> None:
@@ -144,4 +152,9 @@ def test_the_report_covers_the_votes_every_file_can_replay(tmp_path, capsys) -> 
     assert main([str(votes), str(samples)]) == 0
     table_rows = [r for r in capsys.readouterr().out.splitlines() if r.startswith("| ")]
     # 4 plans and 3 solutions: every item has them (the first line is the header)
-    assert table_rows[-1].startswith("| 4 | 3 | 7 |") and "2/2" in table_rows[-1]
+    (row,) = [r for r in table_rows if r.startswith("| 4 | 3 | 7 |")]
+    assert row.startswith("| 4 | 3 | 7 | 2/2 |")
+    # adaptive: a's first plan and solution agree (2 drawn); b's disagree (all 7)
+    assert row.endswith("| 2/2 | 4.50 |")
+    # the first stages compared: one plan and one solution first stops early for a
+    assert "| 1 | 1 | 2/2 | 4.50 | 1 (1) |" in table_rows

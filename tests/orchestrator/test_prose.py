@@ -49,7 +49,11 @@ def test_solutions_outvote_a_plan_and_are_served_with_their_work(tmp_path) -> No
         "votes": votes("96") + votes("72", "72", source="prose"),
     }
     assert body["signals"]["plans"] == 3 and body["signals"]["complete"] is True
-    assert planner.solve_requests == [{"question": "q", "n": 2}]
+    # the plan and the greedy solution disagree: the second solution is drawn after them
+    assert planner.solve_requests == [
+        {"question": "q", "n": 1},
+        {"question": "q", "n": 1, "offset": 1},
+    ]
     # the solution is what the verifier is shown for the answer it gave
     assert verifier.claims == [
         {
@@ -72,14 +76,30 @@ def test_an_answer_a_plan_gave_too_is_served_with_the_plan(tmp_path) -> None:
     assert len(verifier.claims) == 1 and verifier.claims[0]["context"].startswith("Plan:")
 
 
-def test_agreeing_solutions_settle_the_vote_before_more_plans(tmp_path) -> None:
+def test_a_first_plan_and_greedy_solution_that_agree_end_the_draw(tmp_path) -> None:
     plans = [calc("70+2"), calc("9*8"), calc("1+1")]
     planner = FakePlanner({"q": [plans]}, prose={"q": [WORKED, WORKED]})
     with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
         body = ok(url, "q", n_plans=3, n_prose=2)
-    # two plans and two solutions say 72: the fifth vote cannot change it
-    assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(2, 0)]
-    assert body["agreement"]["plans"] == 4 and body["agreement"]["agreeing"] == 4
+    # the first plan and the greedy solution both say 72: nothing more is drawn
+    assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(1, 0)]
+    assert planner.solve_requests == [{"question": "q", "n": 1}]
+    assert body["agreement"]["plans"] == 2 and body["agreement"]["agreeing"] == 2
+
+
+def test_a_first_plan_and_solution_that_disagree_draw_the_rest_of_both(tmp_path) -> None:
+    plans = [calc("2+3"), calc("9*8"), calc("70+2")]
+    planner = FakePlanner({"q": [plans]}, prose={"q": [WORKED, "So 6.\nThe answer is 6."]})
+    with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
+        body = ok(url, "q", n_plans=3, n_prose=2)
+    assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(1, 0), (2, 1)]
+    assert planner.solve_requests == [
+        {"question": "q", "n": 1},
+        {"question": "q", "n": 1, "offset": 1},
+    ]
+    # plans before solutions, in the order drawn
+    assert body["agreement"]["votes"] == votes("5", "72", "72") + votes("72", "6", source="prose")
+    assert body["answer"] == "72" and body["agreement"]["agreeing"] == 3
 
 
 def test_without_n_prose_no_solution_is_asked_for(tmp_path) -> None:
