@@ -73,15 +73,15 @@ def plot_accuracy_latency(summaries: list[GroupSummary], path: Path) -> bool:
 
 
 def plot_reliability(summaries: list[GroupSummary], path: Path) -> bool:
-    """Reliability diagram: per bin, the verifier's mean confidence against accuracy."""
-    judged = [s for s in summaries if s.calibration]
-    if not judged:
+    """Reliability diagram: per bin, the served confidence's mean against accuracy."""
+    scored = [s for s in summaries if s.calibration]
+    if not scored:
         return False
     plt = _pyplot()
     fig, ax = plt.subplots(figsize=(5.5, 5.5), dpi=120)
     ax.plot([0, 1], [0, 1], linestyle="--", color="grey", linewidth=1, label="perfect calibration")
     colours = plt.get_cmap("tab10")
-    for k, s in enumerate(judged):
+    for k, s in enumerate(scored):
         bins = [
             b
             for b in s.calibration
@@ -89,20 +89,20 @@ def plot_reliability(summaries: list[GroupSummary], path: Path) -> bool:
         ]
         xs = [b.mean_confidence for b in bins]
         ys = [b.accuracy for b in bins]
-        sizes = [20 + 200 * b.count / s.judged for b in bins]
+        sizes = [20 + 200 * b.count / s.scored for b in bins]
         ax.plot(xs, ys, color=colours(k % 10), linewidth=1)
         ax.scatter(
             xs,
             ys,
             s=sizes,
             color=colours(k % 10),
-            label=f"{s.dataset} · {s.mode} (n={s.judged}, ECE {s.ece:.3f})",
+            label=f"{s.dataset} · {s.mode} (n={s.scored}, ECE {s.ece:.3f})",
         )
     ax.set_xlim(0, 1)
     ax.set_ylim(0, 1)
-    ax.set_xlabel("verifier confidence (bin mean)")
+    ax.set_xlabel("served confidence (bin mean)")
     ax.set_ylabel("share of answers that were right")
-    ax.set_title("Verifier reliability (15 bins; marker area ∝ items)")
+    ax.set_title("Reliability of the served confidence (15 bins; area ∝ items)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=7, loc="upper left")
     fig.tight_layout()

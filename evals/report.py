@@ -2,9 +2,11 @@
 
 Grouped by (dataset, mode). Accuracy counts every item of the group (an item whose
 request failed is wrong). Latency percentiles are over items without an error. The
-verifier's calibration is measured on pipeline claims: items whose answer the verifier
-judged (verdict `verified` or `rejected`), its confidence taken as the probability that
-the answer is right, against whether it was right.
+served confidence is a calibrated probability that the answer is right
+(`orchestrator/confidence.py`): its calibration is measured over every pipeline item
+that got a response (an item without an answer has confidence 0), against whether the
+answer was right; `verified` is measured by its precision (verified answers that are
+right) and coverage (verified answers among all the items).
 """
 
 from __future__ import annotations
@@ -55,9 +57,19 @@ class GroupSummary:
     schema_valid: float | None
     latency_ms: dict[str, dict[str, float]]  # stage -> {"p50", "p95", "n"}
     cache_hit_rate: float | None
-    judged: int = 0  # items the verifier gave a verdict on
+    scored: int = 0  # pipeline items answered with a served confidence
     ece: float | None = None
     calibration: list[CalibrationBin] = field(default_factory=list)
+    verified: int = 0  # items served with the verdict `verified`
+    verified_right: int = 0
+
+    @property
+    def verified_precision(self) -> float | None:
+        return self.verified_right / self.verified if self.verified else None
+
+    @property
+    def verified_coverage(self) -> float:
+        return self.verified / self.n if self.n else 0.0
 
 
 def planner_finished(record: dict[str, Any]) -> bool:
@@ -101,11 +113,8 @@ def summarize(records: list[dict[str, Any]]) -> list[GroupSummary]:
                 }
         pipeline = [r for r in rows if r.get("mode") != "direct"]
         planned = [r for r in pipeline if planner_finished(r)]
-        judged = [
-            r
-            for r in rows
-            if r.get("verdict") in ("verified", "rejected") and r.get("confidence") is not None
-        ]
+        scored = [r for r in pipeline if r.get("error") is None and r.get("confidence") is not None]
+        verified = [r for r in pipeline if r.get("verdict") == "verified"]
         summary = GroupSummary(
             dataset=dataset,
             mode=mode,
@@ -122,11 +131,13 @@ def summarize(records: list[dict[str, Any]]) -> list[GroupSummary]:
             cache_hit_rate=(
                 sum(bool(r.get("cached")) for r in pipeline) / len(pipeline) if pipeline else None
             ),
-            judged=len(judged),
+            scored=len(scored),
+            verified=len(verified),
+            verified_right=sum(bool(r["correct"]) for r in verified),
         )
-        if judged:
-            conf = [float(r["confidence"]) for r in judged]
-            right = [bool(r["correct"]) for r in judged]
+        if scored:
+            conf = [float(r["confidence"]) for r in scored]
+            right = [bool(r["correct"]) for r in scored]
             summary.ece = expected_calibration_error(conf, right, ECE_BINS)
             summary.calibration = calibration_bins(conf, right, ECE_BINS)
         out.append(summary)
@@ -149,17 +160,24 @@ def summary_table(summaries: list[GroupSummary]) -> str:
     lines = [
         "| dataset | mode | n | accuracy [95% CI] | errors | schema-valid plans | "
         "plan ms P50/P95 | execute ms P50/P95 | verify ms P50/P95 | total ms P50/P95 | "
-        "cache hits | judged | ECE (15 bins) |",
+        "cache hits | ECE of the confidence (15 bins) | `verified`: right / served "
+        "(precision, coverage) |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for s in summaries:
         lo, hi = s.ci95
+        verified = (
+            "—"
+            if s.mode == "direct"
+            else f"{s.verified_right} / {s.verified} ({_pct(s.verified_precision)}, "
+            f"{_pct(s.verified_coverage)})"
+        )
         lines.append(
             f"| {s.dataset} | {s.mode} | {s.n} | {100 * s.accuracy:.1f}% "
             f"[{100 * lo:.1f}, {100 * hi:.1f}] | {s.errors} | {_pct(s.schema_valid)} | "
             f"{_lat(s, 'plan')} | {_lat(s, 'execute')} | {_lat(s, 'verify')} | "
-            f"{_lat(s, 'total')} | {_pct(s.cache_hit_rate)} | {s.judged} | "
-            f"{'—' if s.ece is None else f'{s.ece:.3f}'} |"
+            f"{_lat(s, 'total')} | {_pct(s.cache_hit_rate)} | "
+            f"{'—' if s.ece is None else f'{s.ece:.3f} (n={s.scored})'} | {verified} |"
         )
     return "\n".join(lines) + "\n"
 
@@ -199,11 +217,12 @@ def render_markdown(
         parts.append(f"![accuracy against latency]({plots['accuracy_latency']})\n")
     calibrated = [s for s in summaries if s.calibration]
     if calibrated:
-        parts.append("## Verifier calibration\n")
+        parts.append("## Calibration of the served confidence\n")
         parts.append(
-            "Confidence of the verifier in the pipeline's final answer against whether the "
-            f"answer was right, {ECE_BINS} equal-width bins; ECE weights each bin's gap by its "
-            "share of judged items.\n"
+            "The response's `confidence` (a calibrated probability that the answer is "
+            "right; 0 for no answer) against whether the answer was right, over every "
+            f"pipeline item that got a response, {ECE_BINS} equal-width bins; ECE weights "
+            "each bin's gap by its share of the items.\n"
         )
         for s in calibrated:
             cells = [

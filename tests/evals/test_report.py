@@ -129,15 +129,34 @@ def test_latency_percentiles_per_stage() -> None:
     assert s["plan+verify"].latency_ms["verify"]["p95"] == pytest.approx(240.0)
 
 
-def test_calibration_only_on_judged_claims() -> None:
+def test_calibration_of_the_served_confidence_and_verified_precision() -> None:
     s = by_mode(synthetic())
-    assert s["plan"].judged == 0 and s["plan"].ece is None  # unverified answers are not claims
+    assert s["direct"].scored == 0 and s["direct"].ece is None  # no served confidence
+    # plan: every answered item counts (the errored one has no response): 5 of 9 right
+    # at 0.5 in one bin
+    assert s["plan"].scored == 9
+    assert s["plan"].ece == pytest.approx(abs(0.5 - 5 / 9))
+    assert s["plan"].verified == 0 and s["plan"].verified_precision is None
     pv = s["plan+verify"]
-    assert pv.judged == 10
+    assert pv.scored == 10
     # right answers at 0.9 (6 items, all right) and wrong at 0.1 (4 items, none right)
     assert pv.ece == pytest.approx(0.6 * 0.1 + 0.4 * 0.1)
     used = [b for b in pv.calibration if b.count]
     assert [(b.count, b.accuracy) for b in used] == [(4, 0.0), (6, 1.0)]
+    assert (pv.verified, pv.verified_right) == (6, 6)
+    assert pv.verified_precision == 1.0 and pv.verified_coverage == pytest.approx(0.6)
+
+
+def test_a_verified_wrong_answer_lowers_precision_not_coverage() -> None:
+    records = [
+        rec("a", "plan+verify", True, verdict="verified", confidence=0.9),
+        rec("b", "plan+verify", False, verdict="verified", confidence=0.9),
+        rec("c", "plan+verify", False, verdict="unverified", confidence=0.0),
+        rec("d", "plan+verify", False, verdict=None, error="503 dependency_unavailable: x"),
+    ]
+    [s] = summarize(records)
+    assert s.verified_precision == 0.5 and s.verified_coverage == 0.5
+    assert s.scored == 3  # the failed request has no confidence
 
 
 def test_routing_oracle_headroom_and_pairs() -> None:
@@ -187,6 +206,8 @@ def test_write_report_makes_markdown_json_and_pngs(tmp_path: Path) -> None:
     assert "| gsm8k-test | direct | 10 | 20.0% [" in md
     assert "![reliability diagram](reliability.png)" in md
     assert "Oracle accuracy" in md
+    # the served confidence's ECE with its item count, and verified precision and coverage
+    assert md.count("| 0.100 (n=10) | 6 / 6 (100.0%, 60.0%) |") == 1
     summary = json.loads(written["json"].read_text())
     assert {g["mode"] for g in summary["groups"]} == {"direct", "plan", "plan+verify"}
     assert summary["routing"][0]["oracle_accuracy"] == pytest.approx(0.7)
