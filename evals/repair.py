@@ -127,4 +127,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
+    import structlog
+
+    # the tools' log lines (one per step) go to stderr: stdout is the table
+    structlog.configure(logger_factory=structlog.PrintLoggerFactory(sys.stderr))
     sys.exit(main())

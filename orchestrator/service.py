@@ -495,21 +495,22 @@ class ReasonService:
         options = request.options
         n = options.n_plans
         n_prose = options.n_prose if prose else 0
+        staged = two_stage(n, n_prose, options.adaptive)
         first, first_prose = first_stage(n, n_prose, options.adaptive)
         t0 = time.perf_counter()
-        executions, solutions = await self._first_draw(
-            request, deadline, feedback, timings, run, first, first_prose
+        executions, solutions, unplanned = await self._first_draw(
+            request, deadline, feedback, timings, run, first, first_prose, staged
         )
-        if not executions:
-            first = n  # no plan could be made (a draw gives one at least): draw no more
         first_draw_s = time.perf_counter() - t0
         answers = [answer_key(e.answer) for e in executions]
         answers += [answer_key(s.answer) for s in solutions]
         remaining = deadline - asyncio.get_running_loop().time()
-        if first_prose < n_prose:
+        # the rest only with time left for a draw like the first and the verifier after it
+        time_left = remaining > first_draw_s + VERIFY_RESERVE_S and not run.budget.spent
+        if staged:
             # programs and prose: the first plan and the greedy solution agreed, or the
-            # rest of both are drawn together, with the verifier's time kept back
-            if not unanimous(answers, first + first_prose) and not run.budget.spent:
+            # rest of both are drawn together
+            if not unanimous(answers, first + first_prose) and time_left:
                 more_plans, more_prose = await asyncio.gather(
                     self._draw_more(
                         request,
@@ -531,14 +532,13 @@ class ReasonService:
                 )
                 executions += more_plans
                 solutions += more_prose
-        # more plans only while they can still change the vote, and only with time left
-        # for a draw like the first and the verifier after it
-        elif (
-            first < n
-            and not run.budget.spent
-            and not settled(answers, n + len(solutions))
-            and remaining > first_draw_s + VERIFY_RESERVE_S
-        ):
+            if unplanned is not None and not executions:
+                if not any(s.answer is not None for s in solutions):
+                    raise unplanned
+                _no_plan_warning(unplanned)
+        elif executions and first < n and not settled(answers, n + len(solutions)) and time_left:
+            # more plans only while they can still change the vote (none when no plan
+            # could be made: a draw gives one at least)
             executions += await self._draw_more(
                 request,
                 deadline,
@@ -565,9 +565,12 @@ class ReasonService:
         run: Run,
         n: int,
         n_prose: int,
-    ) -> tuple[list[Execution], list[Solution]]:
+        more_to_come: bool,
+    ) -> tuple[list[Execution], list[Solution], ServiceError | None]:
         """`n` plans, executed, and the first `n_prose` solutions, drawn together. A
-        question the planner cannot plan still has its solutions' answers: then no plans."""
+        question the planner cannot plan still has its solutions' answers: then no plans,
+        and the planner's error beside them; without an answered solution that error is
+        raised, unless `more_to_come` (a second stage may still plan or answer)."""
         drawn, solved = await asyncio.gather(
             self._draw(request, deadline, feedback, timings, n, 0, run, 0),
             self._solve(request, deadline, n_prose, timings),
@@ -576,15 +579,13 @@ class ReasonService:
         if isinstance(solved, BaseException):  # _solve degrades; anything else is a bug
             raise solved
         if not isinstance(drawn, BaseException):
-            return drawn, solved
+            return drawn, solved, None
         answered = any(s.answer is not None for s in solved)
-        if not (isinstance(drawn, PlanningFailed | Unplannable) and answered):
+        if not isinstance(drawn, PlanningFailed | Unplannable) or not (answered or more_to_come):
             raise drawn
-        log.warning(
-            "no plan could be made; voting on the chain-of-thought solutions",
-            **{"event.action": "reason.plan", "error.message": drawn.message},
-        )
-        return [], solved
+        if not more_to_come:
+            _no_plan_warning(drawn)
+        return [], solved, drawn
 
     async def _draw_more(
         self,
@@ -921,12 +922,19 @@ def first_draw(n: int, adaptive: bool = True) -> int:
     return n if n <= 2 or not adaptive else n // 2 + 1
 
 
+def two_stage(n_plans: int, n_prose: int, adaptive: bool = True) -> bool:
+    """Whether a round draws programs and prose in two stages: adaptive, with solutions,
+    and more than one plan and one solution to draw."""
+    return adaptive and n_prose > 0 and n_plans + n_prose > 2
+
+
 def first_stage(n_plans: int, n_prose: int, adaptive: bool = True) -> tuple[int, int]:
-    """Plans and solutions a round draws first. Programs and prose together (adaptive,
-    with solutions): the first plan and the greedy solution, the rest only when those two
-    disagree (`unanimous`; chosen on the GSM8K train dev split, docs/eval/dev). Plans
-    alone: `first_draw` of them, the rest while the vote is not `settled`."""
-    if adaptive and n_prose > 0 and n_plans + n_prose > 2:
+    """Plans and solutions a round draws first. In two stages (`two_stage`): the first
+    plan and the greedy solution, the rest of both only when those two disagree
+    (`unanimous`; chosen on the GSM8K train dev split, docs/eval/dev). Otherwise: plans
+    alone, `first_draw` of them and the rest while the vote is not `settled`; every
+    solution with them."""
+    if two_stage(n_plans, n_prose, adaptive):
         return 1, 1
     return first_draw(n_plans, adaptive), n_prose
 
@@ -947,6 +955,13 @@ def settled(answers: list[str | None], n: int) -> bool:
 
 async def _nothing() -> list[Any]:
     return []
+
+
+def _no_plan_warning(error: ServiceError) -> None:
+    log.warning(
+        "no plan could be made; voting on the chain-of-thought solutions",
+        **{"event.action": "reason.plan", "error.message": error.message},
+    )
 
 
 def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:

@@ -112,6 +112,9 @@ def test_adaptive_sampling_draws_the_rest_only_while_the_vote_is_open() -> None:
     outvoted = VoteItem("o", 5, plans=("6", "5", "5", "5"), prose=("6", "5", "5"))
     assert served(outvoted, 4, 3) == ("6", 2)
     assert replay(outvoted, 4, 3) == "5"
+    # one solution beside several plans: two stages as well
+    assert served(agreeing, 5, 1) == ("72", 2)
+    assert served(VoteItem("e", 5, plans=("5", "6", "5"), prose=("6",)), 3, 1) == ("5", 4)
     # a first sample without an answer is no agreement
     silent = VoteItem("n", 5, plans=(None, "5"), prose=(None, "5"))
     assert served(silent, 2, 2) == ("5", 4)

@@ -126,6 +126,8 @@ class FakePlanner:
     solve_mode: str = "ok"  # ok | hang | error | missing (404) | raw (`solve_raw` as is)
     solve_raw: Any = None
     solve_requests: list[dict[str, Any]] = field(default_factory=list)
+    # seconds a request for later samples (`offset` > 0, /plan or /solve) waits first
+    more_delay_s: float = 0.0
     # GET /info's body (None: 404, a planner from before /info)
     info: dict[str, Any] | None = field(
         default_factory=lambda: {
@@ -153,6 +155,8 @@ class FakePlanner:
         async def plan_(request: Request) -> Any:
             body = await request.json()
             self.requests.append({**body, "traceparent": request.headers.get("traceparent")})
+            if body.get("offset"):
+                await asyncio.sleep(self.more_delay_s)
             if self.mode == "hang":
                 await asyncio.sleep(3600)
             if self.mode == "error":
@@ -179,6 +183,8 @@ class FakePlanner:
         async def solve(request: Request) -> Any:
             body = await request.json()
             self.solve_requests.append(body)
+            if body.get("offset"):
+                await asyncio.sleep(self.more_delay_s)
             if self.solve_mode == "hang":
                 await asyncio.sleep(3600)
             if self.solve_mode == "error":

@@ -102,6 +102,45 @@ def test_a_first_plan_and_solution_that_disagree_draw_the_rest_of_both(tmp_path)
     assert body["answer"] == "72" and body["agreement"]["agreeing"] == 3
 
 
+def test_one_solution_beside_several_plans_is_drawn_in_two_stages_too(tmp_path) -> None:
+    plans = [calc("70+2"), calc("9*8"), calc("1+1"), calc("2+2")]
+    planner = FakePlanner({"q": [plans]}, prose={"q": [WORKED]})
+    with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
+        body = ok(url, "q", n_plans=4, n_prose=1)
+    assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(1, 0)]
+    assert body["agreement"]["plans"] == 2 and body["answer"] == "72"
+
+
+def test_a_first_plan_that_cannot_be_made_leaves_the_second_stage_to_try(tmp_path) -> None:
+    planner = FakePlanner(mode="planning_failed", prose={"q": [WORKED, WORKED]})
+    with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
+        body = ok(url, "q", n_plans=3, n_prose=2)
+        assert body["answer"] == "72" and body["plan"] is None
+        assert [(r["n"], r.get("offset", 0)) for r in planner.requests] == [(1, 0), (2, 1)]
+        assert body["agreement"]["plans"] == 2  # the two solutions, no plan
+        # nothing planned and no solution with a number: the planner's failure
+        r = reason(url, "other", n_plans=3, n_prose=2)
+    assert r.status_code == 422 and r.json()["error"]["type"] == "planning_failed"
+
+
+def test_a_second_stage_the_deadline_cuts_short_leaves_the_first_to_vote(tmp_path) -> None:
+    planner = FakePlanner(
+        {"q": [[calc("2+3"), calc("70+2"), calc("9*8")]]},
+        prose={"q": [WORKED, WORKED]},
+        more_delay_s=3600,
+    )
+    verifier = FakeVerifier(by_answer={"72": 0.8, "5": 0.2})
+    with orchestrator_stack(tmp_path, planner, verifier) as url:
+        started = time.monotonic()
+        body = ok(url, "q", n_plans=3, n_prose=2, deadline_s=6)
+        took = time.monotonic() - started
+    assert len(planner.requests) == 2 and len(planner.solve_requests) == 2  # both stages
+    # the first stage's two disagree: the verifier, which had its time, breaks the tie
+    assert body["answer"] == "72" and verifier.calls >= 1
+    assert body["agreement"]["plans"] == 2
+    assert took < 6.5
+
+
 def test_without_n_prose_no_solution_is_asked_for(tmp_path) -> None:
     planner = FakePlanner({"q": [[calc("70+2")]]}, prose={"q": ["The answer is 5."]})
     with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:

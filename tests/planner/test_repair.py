@@ -9,11 +9,13 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
-from planner.repair import free_names, repair_plan, undefined_names
+from planner.repair import Repairs, free_names, repair_plan, undefined_names
 from planner.service import PlannerService
 from services.plans import check_plan
-from services.schemas import MAX_STEP_INPUT_CHARS, Plan, PlanRequest
+from services.schemas import MAX_STEP_INPUT_CHARS, Plan, PlanRequest, PlanResponse
 from services.settings import PlannerSettings
 from services.toolspecs import tool_names
 from tests.planner.test_service import RecordingBackend
@@ -175,6 +177,8 @@ def test_code_too_long_once_inlined_is_left_as_written() -> None:
         ("import math\nmath.ceil(s1 / 3)", {"s1"}),
         ("for i in range(3):\n    pass\ni", set()),
         ("x = (", set()),  # does not parse: the python check reports it, not this
+        ("def setup():\n    global rate\n    rate = 3\nsetup()\nrate * 2", set()),
+        ("[y := v for v in range(3)]\ny", set()),
     ],
 )
 def test_free_names(code: str, free: set[str]) -> None:
@@ -230,3 +234,116 @@ async def test_the_planner_returns_the_repaired_plan_without_asking_again() -> N
     response = await service.plan(PlanRequest(question=question))
     assert len(backend.requests) == 1
     assert code_of(response.plans[0], "s2") == "cards = 10 * 20\ncards / 4"
+
+
+def test_a_repair_past_a_wire_bound_leaves_the_step_as_written() -> None:
+    long = "total = " + "1 + " * 997 + "1"  # 3,997 characters; `result = total` would pass 4,000
+    plan = make_plan([("s1", "python", long, [])], "s1")
+    fixed, repairs = repair_plan(plan)
+    assert fixed == plan and not repairs
+    # twelve copies of one dependency, and a citation of another: one of each
+    steps = [("s1", "calc", "1 + 1", []), ("s2", "calc", "2 + 2", [])]
+    steps.append(("s3", "calc", "s1 + s2", ["s1"] * 12))
+    fixed, _ = repair_plan(make_plan(steps, "s3"))
+    assert deps_of(fixed, "s3") == ["s1", "s2"]
+    PlanResponse.model_validate(
+        {"plans": [fixed.model_dump()], "model": "m", "backend": "b", "latency_ms": 1},
+        strict=True,
+    )
+
+
+def test_only_calc_and_python_steps_cite_step_ids() -> None:
+    sql = "SELECT s1.name FROM employees s1 JOIN employees s2 ON s1.manager_id = s2.id"
+    plan = make_plan(
+        [
+            ("s1", "calc", "1 + 1", []),
+            ("s2", "calc", "2", []),
+            ("s3", "sql", sql, []),
+            ("s4", "lookup", "s2", []),
+        ],
+        "s3",
+    )
+    fixed, repairs = repair_plan(plan)
+    assert fixed == plan and not repairs
+
+
+def test_result_is_never_taken_from_a_step_that_is_not_an_ancestor() -> None:
+    plan = make_plan(
+        [
+            ("s1", "python", "result = 7 * 3", []),
+            ("s2", "calc", "40 + 2", []),
+            ("s3", "python", "result / 2", ["s2"]),
+        ],
+        "s3",
+    )
+    fixed, _ = repair_plan(plan)
+    assert code_of(fixed, "s3") == "result = s2\nresult / 2"
+
+
+def test_a_program_that_prints_keeps_its_printed_answer() -> None:
+    printing = "x = 17 * 3\nprint(x)\nleft = x - 50"
+    plan = make_plan([("s1", "python", printing, [])], "s1")
+    assert repair_plan(plan)[0] == plan
+    # inlined prints would become the printed answer of the step that reads them
+    plan = make_plan(
+        [("s1", "python", "x = 5\nprint(x)", []), ("s2", "python", "y = x * 2\nprint(y)", ["s1"])],
+        "s2",
+    )
+    assert code_of(repair_plan(plan)[0], "s2") == "y = x * 2\nprint(y)"
+
+
+def test_repairing_twice_changes_nothing_more() -> None:
+    plan = make_plan(
+        [
+            ("s1", "python", "total = 6 * 7", []),
+            ("s2", "calc", "1 + 1", []),
+            ("s3", "python", "result + s2", ["s1", "s2"]),
+        ],
+        "s3",
+    )
+    fixed, _ = repair_plan(plan)
+    assert code_of(fixed, "s3") == "total = 6 * 7\nresult = total\nresult + s2"
+    assert undefined_names(fixed) == {}
+    assert repair_plan(fixed) == (fixed, Repairs())
+
+
+SNIPPETS = [
+    "a = 3",
+    "b = a + 1",
+    "result = b * 2",
+    "result",
+    "c = s1 + 1",
+    "print(a)",
+    "d = [v for v in range(a)]",
+    "def f():\n    return b",
+    "e = f()",
+    "total = a + b + c",
+    "s2 * 3",
+    "x = y",
+]
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.data())
+def test_repair_always_gives_a_valid_plan_and_a_fixed_point(data) -> None:
+    n = data.draw(st.integers(1, 6))
+    steps = []
+    for k in range(1, n + 1):
+        tool = data.draw(st.sampled_from(["python", "python", "calc"]))
+        if tool == "python":
+            lines = data.draw(st.lists(st.sampled_from(SNIPPETS), min_size=1, max_size=3))
+            code = "\n".join(lines)
+        else:
+            code = data.draw(st.sampled_from(["1 + 1", "s1 * 2", "s2 + s3", "7"]))
+        deps = (
+            data.draw(st.lists(st.sampled_from([f"s{j}" for j in range(1, k)]), max_size=3))
+            if k > 1
+            else []
+        )
+        steps.append((f"s{k}", tool, code, deps))
+    plan = make_plan(steps, f"s{n}")
+    fixed, _ = repair_plan(plan)
+    check_plan(fixed, tool_names())
+    Plan.model_validate(fixed.model_dump())
+    again, more = repair_plan(fixed)
+    assert again == fixed and not more
