@@ -271,7 +271,11 @@ class PlannerService(ModelHost):
         try:
             if isinstance(candidate, PlanInvalid):
                 raise candidate
-            plan = candidate if isinstance(candidate, Plan) else parse_plan(candidate, job.names)
+            plan = (
+                candidate
+                if isinstance(candidate, Plan)
+                else parse_plan(candidate, job.names, drop_self_dependencies=True)
+            )
         except PlanInvalid as exc:
             PLANS.labels("invalid").inc()
             job.errors.append(exc.message)

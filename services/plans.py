@@ -15,8 +15,14 @@ from services.errors import PlanInvalid
 from services.schemas import Plan
 
 
-def parse_plan(text: str, tool_names: Collection[str]) -> Plan:
-    """Parse model output into a validated plan, or raise `PlanInvalid` saying why."""
+def parse_plan(
+    text: str, tool_names: Collection[str], *, drop_self_dependencies: bool = False
+) -> Plan:
+    """Parse model output into a validated plan, or raise `PlanInvalid` saying why.
+
+    `drop_self_dependencies` (the planner's own parsing): a step that lists itself in
+    `depends_on` has that entry dropped instead of failing the plan; it can never have
+    been meant, and nothing else about the plan changes."""
     try:
         data = json.loads(text)
     except json.JSONDecodeError as exc:
@@ -29,6 +35,12 @@ def parse_plan(text: str, tool_names: Collection[str]) -> Plan:
         first = exc.errors()[0]
         where = ".".join(str(p) for p in first["loc"]) or "plan"
         raise PlanInvalid(f"{where}: {first['msg']}") from None
+    if drop_self_dependencies and any(s.id in s.depends_on for s in plan.steps):
+        steps = [
+            s.model_copy(update={"depends_on": [d for d in s.depends_on if d != s.id]})
+            for s in plan.steps
+        ]
+        plan = plan.model_copy(update={"steps": steps})
     check_plan(plan, tool_names)
     return plan
 

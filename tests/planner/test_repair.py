@@ -347,3 +347,18 @@ def test_repair_always_gives_a_valid_plan_and_a_fixed_point(data) -> None:
     Plan.model_validate(fixed.model_dump())
     again, more = repair_plan(fixed)
     assert again == fixed and not more
+
+
+async def test_a_step_listing_itself_as_a_dependency_loses_that_entry_only() -> None:
+    question = "Self?"
+    selfish = {
+        "reasoning": "r",
+        "steps": [{"id": "s1", "tool": "calc", "input": "2 + 2", "depends_on": ["s1"]}],
+        "answer_step": "s1",
+    }
+    backend = RecordingBackend({question: [json.dumps(selfish)]})
+    service = PlannerService(backend, PlannerSettings(plan_format="json"))
+    await service.load()
+    response = await service.plan(PlanRequest(question=question))
+    assert len(backend.requests) == 1
+    assert deps_of(response.plans[0], "s1") == []
