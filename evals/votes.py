@@ -125,15 +125,12 @@ def served(item: VoteItem, p: int, q: int) -> tuple[str | None, int]:
     kinds, the first plan and the greedy solution, the rest only when those two disagree
     (then the vote of all); plans alone, a majority first and the rest only while the vote
     is open (`settled`; the answer is the full draw's)."""
-    from orchestrator.service import first_stage, settled, two_stage, unanimous
+    from orchestrator.service import first_stage, settled, two_stage
 
-    full = replay(item, p, q)
     first_p, first_q = first_stage(p, q)
     if two_stage(p, q):
-        first = [*item.plans[:first_p], *item.prose[:first_q]]
-        if unanimous([answer_key(a) for a in first], first_p + first_q):
-            return winner(first), first_p + first_q
-        return full, p + q
+        return staged(item, p, q, first_p, first_q)
+    full = replay(item, p, q)
     answers = [answer_key(a) for a in (*item.plans[:first_p], *item.prose[:q])]
     return full, (first_p + q if first_p < p and settled(answers, p + q) else p + q)
 
