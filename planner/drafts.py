@@ -3,7 +3,9 @@
 A draft is model output: a few sentences of thinking, then either a python code block
 (the program of a one-step python plan) or a JSON code block holding a whole plan. What
 comes out is validated like any plan (schema and DAG); a draft that holds neither is
-refused with `PlanInvalid`, and the planner transcribes it under the grammar instead.
+refused with `PlanInvalid`. The planner then asks for the program of a draft written in
+prose only (`DraftWithoutCode`), and transcribes any other unreadable draft into a JSON
+plan under the grammar.
 """
 
 from __future__ import annotations
@@ -31,6 +33,11 @@ DRAFT_STOP = ("\n```\n",)
 
 class DraftRefused(PlanInvalid):
     """A draft too long to read or to hold as a plan: not worth a transcription pass."""
+
+
+class DraftWithoutCode(PlanInvalid):
+    """A draft in prose only: the model solved the problem in words and wrote no code
+    block (and no bare JSON plan)."""
 
 
 def _is_python(lang: str, body: str) -> bool:
@@ -61,8 +68,8 @@ def plan_from_draft(text: str, tool_names: Collection[str]) -> Plan:
         stripped = text.strip()
         if stripped.startswith("{"):  # a bare JSON plan instead of a draft
             return parse_plan(stripped, tool_names)
-        raise PlanInvalid("the draft has no code block")
-    reasoning = _reasoning(text[: blocks[0][2]])
+        raise DraftWithoutCode("the draft has no code block")
+    reasoning = draft_reasoning(text[: blocks[0][2]])
     python = [body for lang, body, _ in blocks if _is_python(lang, body)]
     if python and "python" in tool_names:
         code = with_answer(python[-1].strip("\n"))
@@ -124,7 +131,7 @@ def _required_arguments(args: ast.arguments) -> bool:
     return len(positional) > len(args.defaults) or bool(keyword_defaults)
 
 
-def _reasoning(text: str) -> str:
+def draft_reasoning(text: str) -> str:
     """The draft's thinking as one line, cut at a word boundary to the wire bound."""
     words = " ".join(text.split())
     if len(words) <= PLAN_REASONING_CHARS:

@@ -8,8 +8,10 @@ A plan format is how the model is asked to write its plan (`PLANNER_PLAN_FORMAT`
   problem through before the steps (up to the wire bound).
 - `draft`: free text first, the way coder models write: a few sentences of thinking,
   then the program in a python code block. The planner turns the draft into the JSON
-  plan itself (`planner.drafts`); a draft it cannot read is transcribed into the plan by
-  a second, grammar-constrained pass over the same prompt.
+  plan itself (`planner.drafts`). A draft in prose only is followed by a second pass that
+  asks for its program (`program_messages`); a draft that still gives no plan is
+  transcribed into one by a grammar-constrained pass over the same prompt
+  (`transcription_messages`).
 
 Whatever the format, the plan on the wire is the same schema-valid JSON DAG.
 """
@@ -132,4 +134,25 @@ def transcription_messages(
         'Write the plan for this draft as one JSON object with "reasoning", "steps" and '
         '"answer_step".'
     )
+    return messages
+
+
+# The program pass's request, after a draft that solved the problem in words only. It
+# repeats the system prompt's own rule for a word problem's program.
+PROGRAM_REQUEST = (
+    "Now write the plan's program for this solution in one ```python block, then stop: "
+    "every number of the question in a variable with a meaningful name, each "
+    "intermediate quantity on its own line, and the last line `result = <final answer>`."
+)
+
+
+def program_messages(
+    question: str, tools: list[ToolSpec], draft: str, feedback: str | None = None
+) -> list[dict[str, str]]:
+    """The draft format's program pass, for a draft written in prose only: the same
+    prompt (so the same cached prefix), the model's draft as its own answer, then the
+    request for that solution's program. What it writes is read as a draft again."""
+    messages = build_messages(question, tools, feedback, "draft")
+    messages.append({"role": "assistant", "content": draft})
+    messages.append({"role": "user", "content": PROGRAM_REQUEST})
     return messages

@@ -10,9 +10,20 @@ from dataclasses import dataclass, field, replace
 import structlog
 from prometheus_client import Counter, Histogram
 
-from planner.backends.base import GenerationRequest, PlanBackend, Usage
-from planner.drafts import DRAFT_STOP, DraftRefused, plan_from_draft
-from planner.prompting import FORMATS, build_messages, transcription_messages
+from planner.backends.base import Generation, GenerationRequest, PlanBackend, Usage
+from planner.drafts import (
+    DRAFT_STOP,
+    DraftRefused,
+    DraftWithoutCode,
+    draft_reasoning,
+    plan_from_draft,
+)
+from planner.prompting import (
+    FORMATS,
+    build_messages,
+    program_messages,
+    transcription_messages,
+)
 from planner.prose import PROSE_MAX_TOKENS, PROSE_TEMPERATURE, prose_prompt
 from planner.repair import repair_plan, undefined_names
 from services.answers import last_number
@@ -127,11 +138,15 @@ class PlannerService(ModelHost):
         feedback: str | None,
         names: list[str],
     ) -> tuple[list[Plan | str | PlanInvalid], Usage]:
-        """The plans the drafts state. A draft the planner cannot read is transcribed
-        into a JSON plan under the grammar (one pass per such draft, all in flight
-        together, so the engine decodes them as one batch); one too long to transcribe,
-        or whose transcription the model cannot take, is an invalid candidate."""
+        """The plans the drafts state. A draft in prose only is asked for its program
+        (`program_messages`: the model writes the code of its own solution, which is
+        read as a draft again); a draft the planner still cannot read is transcribed
+        into a JSON plan under the grammar. Each kind of second pass runs one request
+        per draft, all in flight together, so the engine decodes them as one batch. A
+        draft too long to transcribe, or whose pass the model cannot take, is an
+        invalid candidate."""
         out: list[Plan | str | PlanInvalid] = []
+        prose: list[tuple[int, str]] = []
         unread: list[tuple[int, str]] = []
         for text in generation_texts:
             try:
@@ -143,12 +158,48 @@ class PlannerService(ModelHost):
                     out.append(DraftRefused(f"{exc.message}; too long to transcribe"))
                     continue
                 log.info(
-                    "draft not readable, transcribing it",
+                    "draft not readable, asking again",
                     **{"error.type": "draft_unreadable", "error.message": exc.message},
                 )
-                unread.append((len(out), text))
+                wants_program = isinstance(exc, DraftWithoutCode) and "python" in names
+                (prose if wants_program else unread).append((len(out), text))
                 out.append(text)
         usage = Usage()
+        if prose:
+            requests = [
+                replace(
+                    first,
+                    messages=program_messages(first.question, tools, draft, feedback),
+                    n=1,
+                    temperature=0.0,  # the program of this draft, not a new sample
+                    stop=list(DRAFT_STOP),
+                    metadata={**first.metadata, "program": k},
+                )
+                for k, (_, draft) in enumerate(prose)
+            ]
+            for (index, draft), result in zip(prose, await self._passes(requests), strict=True):
+                if isinstance(result, InvalidRequest):
+                    error = result.message
+                else:
+                    usage += result.cost()
+                    try:
+                        plan = plan_from_draft(result.texts[0] if result.texts else "", names)
+                        # a program that cannot answer is no better than none: the draft
+                        # is transcribed instead
+                        check_python_steps(repair_plan(plan)[0])
+                    except PlanInvalid as exc:
+                        error = exc.message
+                    else:
+                        # the draft holds the thinking; what the program pass wrote before
+                        # its code ("Here is the program:") does not
+                        reasoning = draft_reasoning(draft) or plan.reasoning
+                        out[index] = plan.model_copy(update={"reasoning": reasoning})
+                        continue
+                log.info(
+                    "program pass gave no plan, transcribing the draft",
+                    **{"error.type": "program_unreadable", "error.message": error},
+                )
+                unread.append((index, draft))
         if not unread:
             return out, usage
         schema = plan_json_schema(names)
@@ -164,6 +215,19 @@ class PlannerService(ModelHost):
             )
             for k, (_, draft) in enumerate(unread)
         ]
+        for (index, _), result in zip(unread, await self._passes(requests), strict=True):
+            if isinstance(result, Exception):
+                out[index] = PlanInvalid(f"the draft could not be transcribed: {result}")
+            else:
+                usage += result.cost()
+                out[index] = result.texts[0] if result.texts else ""
+        return out, usage
+
+    async def _passes(self, requests: list[GenerationRequest]) -> list[Generation | InvalidRequest]:
+        """Second passes over drafts, all in flight together. A pass the model cannot
+        take (its prompt outgrew the context) is returned as its error; a failing
+        backend fails the request, as it would have for the first pass, and stops the
+        other passes."""
         tasks = [asyncio.ensure_future(self.backend.generate(r)) for r in requests]
         try:
             pending = set(tasks)
@@ -171,23 +235,18 @@ class PlannerService(ModelHost):
                 done, pending = await asyncio.wait(pending, return_when=asyncio.FIRST_EXCEPTION)
                 for task in done:
                     error = task.exception()
-                    # a pass the model cannot take (its prompt outgrew the context) is one
-                    # invalid candidate; a failing backend fails the request, as it would
-                    # have for the first pass
                     if error is not None and not isinstance(error, InvalidRequest):
                         raise error
         finally:  # failed or cancelled: the other passes stop too
             for task in tasks:
                 task.cancel()
-        for (index, _), task in zip(unread, tasks, strict=True):
+            # every task's end is collected (no "exception never retrieved" warnings)
+            await asyncio.gather(*tasks, return_exceptions=True)
+        results: list[Generation | InvalidRequest] = []
+        for task in tasks:
             error = task.exception()
-            if error is not None:
-                out[index] = PlanInvalid(f"the draft could not be transcribed: {error}")
-            else:
-                generation = task.result()
-                usage += generation.cost()
-                out[index] = generation.texts[0] if generation.texts else ""
-        return out, usage
+            results.append(error if isinstance(error, InvalidRequest) else task.result())
+        return results
 
     async def plan(self, request: PlanRequest) -> PlanResponse:
         """Up to `request.n` valid plans, in at most `max_attempts` generations; the
@@ -269,13 +328,7 @@ class PlannerService(ModelHost):
         """Keep a candidate that is a valid plan (new, when distinct plans are asked for);
         one whose python steps cannot answer is kept aside as weak."""
         try:
-            if isinstance(candidate, PlanInvalid):
-                raise candidate
-            plan = (
-                candidate
-                if isinstance(candidate, Plan)
-                else parse_plan(candidate, job.names, drop_self_dependencies=True)
-            )
+            plan = candidate_plan(candidate, job.names)
         except PlanInvalid as exc:
             PLANS.labels("invalid").inc()
             job.errors.append(exc.message)
@@ -415,6 +468,16 @@ class PlannerService(ModelHost):
 def _feedback(original: str | None, error: str) -> str:
     note = f"Your last plan was invalid: {error}. Answer with a plan that fixes this."
     return f"{original}\n{note}" if original else note
+
+
+def candidate_plan(candidate: Plan | str | PlanInvalid, names: list[str]) -> Plan:
+    """The plan a candidate holds (read from its JSON text when it is one), or its
+    `PlanInvalid`. A step listing itself in `depends_on` loses that entry."""
+    if isinstance(candidate, PlanInvalid):
+        raise candidate
+    if isinstance(candidate, Plan):
+        return candidate
+    return parse_plan(candidate, names, drop_self_dependencies=True)
 
 
 def check_python_steps(plan: Plan) -> None:

@@ -12,8 +12,10 @@ from planner.backends.base import Generation, GenerationRequest
 from planner.drafts import MAX_DRAFT_CHARS, plan_from_draft, with_answer
 from planner.prompting import (
     PLAN_FORMATS,
+    PROGRAM_REQUEST,
     build_messages,
     few_shot,
+    program_messages,
     render_example,
     system_template,
     transcription_messages,
@@ -30,6 +32,16 @@ pytestmark = pytest.mark.unit
 NAMES = tool_names()
 CODE = "apples = 3\npears = 4\nresult = apples + pears"
 DRAFT = f"She has 3 apples and 4 pears; add them.\n\n```python\n{CODE}\n```"
+
+
+def calc_plan(expression: str) -> str:
+    return json.dumps(
+        {
+            "reasoning": "add",
+            "steps": [{"id": "s1", "tool": "calc", "input": expression, "depends_on": []}],
+            "answer_step": "s1",
+        }
+    )
 
 
 # --------------------------------------------------------------------------- prompts
@@ -190,16 +202,26 @@ def test_long_thinking_is_cut_to_the_wire_bound_at_a_word() -> None:
 
 
 class Backend:
-    """Answers by whether the request is held to a schema: drafts for free text, the
-    prepared JSON for constrained passes; keeps every request."""
+    """Answers by the kind of pass: drafts for the first, the prepared programs for a
+    prose draft's program pass (none unless given), the prepared JSON for constrained
+    passes; keeps every request."""
 
     name = "fake"
     model = "fake"
 
-    def __init__(self, drafts: list[str], plans: list[str] | None = None) -> None:
+    def __init__(
+        self, drafts: list[str], plans: list[str] | None = None, programs: list[str] | None = None
+    ) -> None:
         self.drafts = drafts
         self.plans = plans or []
+        self.programs = programs or []
         self.requests: list[GenerationRequest] = []
+
+    @staticmethod
+    def kind(request: GenerationRequest) -> str:
+        if request.json_schema is not None:
+            return "json"
+        return "program" if "program" in request.metadata else "draft"
 
     async def load(self) -> None: ...
 
@@ -207,8 +229,10 @@ class Backend:
 
     async def generate(self, request: GenerationRequest) -> Generation:
         self.requests.append(request)
-        source = self.drafts if request.json_schema is None else self.plans
-        return Generation(source[: request.n], prompt_tokens=10, completion_tokens=5)
+        source = {"draft": self.drafts, "program": self.programs, "json": self.plans}
+        return Generation(
+            source[self.kind(request)][: request.n], prompt_tokens=10, completion_tokens=5
+        )
 
 
 async def draft_service(backend: Any, **settings: Any) -> PlannerService:
@@ -230,17 +254,13 @@ async def test_the_draft_format_reads_the_plan_without_a_second_pass() -> None:
 
 
 async def test_an_unreadable_draft_is_transcribed_under_the_grammar() -> None:
-    transcribed = json.dumps(
-        {
-            "reasoning": "add",
-            "steps": [{"id": "s1", "tool": "calc", "input": "3 + 4", "depends_on": []}],
-            "answer_step": "s1",
-        }
-    )
-    backend = Backend(["Three apples and four pears make 3 + 4."], [transcribed])
+    transcribed = calc_plan("3 + 4")
+    backend = Backend(["Three apples and four pears make 3 + 4."], [transcribed], ["no code"])
     service = await draft_service(backend)
     response = await service.plan(PlanRequest(question="How much fruit?"))
-    first, second = backend.requests
+    first, _, second = backend.requests
+    # a prose draft is asked for its program first; what does not give one is transcribed
+    assert [Backend.kind(r) for r in backend.requests] == ["draft", "program", "json"]
     assert first.json_schema is None
     assert second.json_schema == plan_json_schema(NAMES)
     assert second.temperature == 0.0 and second.n == 1
@@ -253,19 +273,11 @@ async def test_n_drafts_are_read_each_and_only_the_unreadable_ones_transcribed()
     other = DRAFT.replace("apples + pears", "pears + apples")
     backend = Backend(
         [DRAFT, "no code here", other],
-        [
-            json.dumps(
-                {
-                    "reasoning": "add",
-                    "steps": [{"id": "s1", "tool": "calc", "input": "3 + 4", "depends_on": []}],
-                    "answer_step": "s1",
-                }
-            )
-        ],
+        [calc_plan("3 + 4")],
     )
     service = await draft_service(backend)
     response = await service.plan(PlanRequest(question="How much fruit?", n=3))
-    assert [r.json_schema is None for r in backend.requests] == [True, False]
+    assert [Backend.kind(r) for r in backend.requests] == ["draft", "program", "json"]
     assert [p.steps[0].tool for p in response.plans] == ["python", "calc", "python"]
 
 
@@ -274,25 +286,21 @@ async def test_drafts_that_never_give_a_plan_fail_the_request_after_the_attempts
     service = await draft_service(backend, max_attempts=2)
     with pytest.raises(PlanningFailed):
         await service.plan(PlanRequest(question="How much fruit?"))
-    # each attempt: one draft, one transcription
-    assert [r.json_schema is None for r in backend.requests] == [True, False, True, False]
+    # each attempt: one draft, its program pass, one transcription
+    assert [Backend.kind(r) for r in backend.requests] == ["draft", "program", "json"] * 2
 
 
 async def test_a_transcription_the_model_cannot_take_is_one_invalid_candidate() -> None:
     from services.errors import InvalidRequest
 
-    transcribed = json.dumps(
-        {
-            "reasoning": "add",
-            "steps": [{"id": "s1", "tool": "calc", "input": "3 + 4", "depends_on": []}],
-            "answer_step": "s1",
-        }
-    )
+    transcribed = calc_plan("3 + 4")
 
     class TooLong(Backend):
         async def generate(self, request: GenerationRequest) -> Generation:
-            if request.json_schema is None:
+            if self.kind(request) == "draft":
                 return Generation([DRAFT, "no code", "no code either"])
+            if self.kind(request) == "program":
+                return Generation(["still no code"])
             if request.metadata["transcription"] == 0:
                 raise InvalidRequest("the prompt does not fit the context")
             return Generation([transcribed])
@@ -323,17 +331,25 @@ async def test_later_samples_are_sampled_even_when_the_default_is_greedy() -> No
     assert first.temperature == 0.0 and later.temperature > 0 and later.first_sample == 3
 
 
-async def test_a_failed_transcription_pass_stops_the_others() -> None:
+@pytest.mark.parametrize("failing", ["program", "json"])
+async def test_a_failed_second_pass_fails_the_request_and_stops_the_others(failing: str) -> None:
+    """A backend failing in a second pass fails the request as it would in the first,
+    and the passes still in flight beside it stop. Prose drafts whose program passes
+    give no program reach the transcription; a failed program pass ends the request
+    before any transcription."""
     import asyncio
 
     cancelled: list[bool] = []
 
     class Failing(Backend):
         async def generate(self, request: GenerationRequest) -> Generation:
-            if request.json_schema is None:
+            kind = self.kind(request)
+            if kind == "draft":
                 return Generation(["one", "two"])
-            k = request.metadata["transcription"]
-            if k == 0:
+            if kind != failing:  # a program pass before the failing transcription
+                assert kind == "program", "no transcription after a failed program pass"
+                return Generation(["no code"])
+            if request.metadata["program" if kind == "program" else "transcription"] == 0:
                 await asyncio.sleep(0.01)
                 raise RuntimeError("engine failed")
             try:
@@ -346,7 +362,6 @@ async def test_a_failed_transcription_pass_stops_the_others() -> None:
     service = await draft_service(Failing([]))
     with pytest.raises(RuntimeError, match="engine failed"):
         await service.plan(PlanRequest(question="q", n=2))
-    await asyncio.sleep(0)
     assert cancelled == [True]
 
 
@@ -387,3 +402,129 @@ def test_an_untagged_block_that_parses_as_python_is_the_program() -> None:
     assert plan.steps[0].input == CODE
     with pytest.raises(PlanInvalid, match="no python program"):
         plan_from_draft("Add them.\n```\nthree apples plus four pears\n```", NAMES)
+
+
+PROSE = "She has 3 apples and 4 pears, so she has 3 + 4 = 7 pieces of fruit."
+
+
+async def test_a_prose_draft_is_asked_for_its_program_which_becomes_the_plan() -> None:
+    """A draft that solved the problem in words gets a second, unconstrained pass over
+    the same prompt asking for its program; no grammar pass is needed when it gives one."""
+    backend = Backend([PROSE], programs=[f"```python\n{CODE}\n```"])
+    service = await draft_service(backend)
+    response = await service.plan(PlanRequest(question="How much fruit?"))
+    first, program = backend.requests
+    assert [Backend.kind(r) for r in backend.requests] == ["draft", "program"]
+    assert program.messages[:-2] == first.messages
+    assert program.messages[-2] == {"role": "assistant", "content": PROSE}
+    assert program.messages[-1] == {"role": "user", "content": PROGRAM_REQUEST}
+    assert (program.temperature, program.n, program.stop) == (0.0, 1, ["\n```\n"])
+    (plan,) = response.plans
+    assert [(s.tool, s.input) for s in plan.steps] == [("python", CODE)]
+    assert plan.reasoning == PROSE  # the program pass wrote no thinking: the draft's
+
+
+def test_program_messages_share_the_draft_prompt_prefix() -> None:
+    tools = list(DEFAULT_TOOLS)
+    first = build_messages("How many?", tools, fmt="draft")
+    assert program_messages("How many?", tools, PROSE)[:-2] == first
+
+
+async def test_a_prose_draft_without_the_python_tool_is_transcribed_directly() -> None:
+    calc = next(spec for spec in DEFAULT_TOOLS if spec.name == "calc")
+    transcribed = calc_plan("3 + 4")
+    backend = Backend([PROSE], [transcribed], [f"```python\n{CODE}\n```"])
+    service = await draft_service(backend)
+    response = await service.plan(PlanRequest(question="How much fruit?", tools=[calc]))
+    assert [Backend.kind(r) for r in backend.requests] == ["draft", "json"]
+    assert response.plans[0].steps[0].input == "3 + 4"
+
+
+async def test_a_program_pass_the_model_cannot_take_falls_back_to_the_transcription() -> None:
+    from services.errors import InvalidRequest
+
+    transcribed = calc_plan("3 + 4")
+
+    class TooLong(Backend):
+        async def generate(self, request: GenerationRequest) -> Generation:
+            if self.kind(request) == "program":
+                self.requests.append(request)
+                raise InvalidRequest("the prompt does not fit the context")
+            return await super().generate(request)
+
+    backend = TooLong([PROSE], [transcribed])
+    service = await draft_service(backend, max_attempts=1)
+    response = await service.plan(PlanRequest(question="q"))
+    assert [Backend.kind(r) for r in backend.requests] == ["draft", "program", "json"]
+    assert response.plans[0].steps[0].tool == "calc"
+
+
+@pytest.mark.parametrize(
+    "program",
+    [
+        "```python\napples = 3\nresult = apples + pears\n```",  # reads a name nothing defines
+        "```python\nresult = (3 +\n```",  # not Python
+        "```python\nfor i in range(7):\n    pass\n```",  # answers nothing by the tool's rule
+    ],
+)
+async def test_a_program_that_cannot_answer_falls_back_to_the_transcription(program: str) -> None:
+    backend = Backend([PROSE], [calc_plan("3 + 4")], [program])
+    service = await draft_service(backend, max_attempts=1)
+    response = await service.plan(PlanRequest(question="How much fruit?"))
+    assert [Backend.kind(r) for r in backend.requests] == ["draft", "program", "json"]
+    assert response.plans[0].steps[0].input == "3 + 4"
+
+
+async def test_the_plan_keeps_the_drafts_thinking_not_the_program_pass_preamble() -> None:
+    backend = Backend([PROSE], programs=[f"Here is the program:\n```python\n{CODE}\n```"])
+    service = await draft_service(backend)
+    (plan,) = (await service.plan(PlanRequest(question="How much fruit?"))).plans
+    assert plan.reasoning == PROSE and plan.steps[0].input == CODE
+
+
+async def test_a_program_pass_may_answer_with_a_json_plan() -> None:
+    backend = Backend([PROSE], programs=[f"```json\n{calc_plan('3 + 4')}\n```"])
+    service = await draft_service(backend)
+    (plan,) = (await service.plan(PlanRequest(question="How much fruit?"))).plans
+    assert [Backend.kind(r) for r in backend.requests] == ["draft", "program"]
+    assert plan.steps[0].tool == "calc" and plan.reasoning == PROSE
+
+
+async def test_each_draft_gets_the_plan_of_its_own_second_pass() -> None:
+    """Readable drafts, prose drafts whose program pass answers or not, and a draft with
+    an unreadable code block, in one generation: every plan lands in its draft's slot."""
+    prose_a, prose_b = "Add 1 and 1 to get 2.", "Add 5 and 5 to get 10."
+    broken = "```json\n{not a plan"
+
+    class Keyed(Backend):
+        async def generate(self, request: GenerationRequest) -> Generation:
+            self.requests.append(request)
+            kind = self.kind(request)
+            if kind == "draft":
+                return Generation([DRAFT, prose_a, broken, prose_b])
+            if kind == "program":
+                draft = request.messages[-2]["content"]
+                text = "```python\nresult = 1 + 1\n```" if draft == prose_a else "no code"
+                return Generation([text])
+            last = request.messages[-1]["content"]
+            return Generation([calc_plan("5 + 5" if prose_b in last else "9 + 9")])
+
+    backend = Keyed([])
+    service = await draft_service(backend, max_attempts=1)
+    response = await service.plan(PlanRequest(question="q", n=4, distinct=False))
+    assert [p.steps[0].input for p in response.plans] == [CODE, "result = 1 + 1", "9 + 9", "5 + 5"]
+    kinds = [Backend.kind(r) for r in backend.requests]
+    assert kinds == ["draft", "program", "program", "json", "json"]
+
+
+async def test_the_program_pass_is_counted_in_the_requests_cost() -> None:
+    from structlog.testing import capture_logs
+
+    backend = Backend([PROSE], programs=[f"```python\n{CODE}\n```"])
+    service = await draft_service(backend)
+    with capture_logs() as logs:
+        await service.plan(PlanRequest(question="How much fruit?"))
+    [line] = [e for e in logs if e["event"] == "plans generated"]
+    # the fake backend charges 10 prompt and 5 completion tokens a pass: draft + program
+    assert line["gen_ai.usage.input_tokens"] == 20
+    assert line["gen_ai.usage.output_tokens"] == 10
