@@ -34,11 +34,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import httpx
+from pydantic import ValidationError
 
 from evals.data import Item
 from evals.extract import extract_number, is_correct
 from planner.backends.base import GenerationRequest, PlanBackend
 from planner.prose import PROSE_MAX_TOKENS, ProsePrompt, prose_prompt
+from services.schemas import Plan
 from services.settings import PlannerSettings
 
 
@@ -179,7 +181,7 @@ class ReasonRunner:
             verdict=data.get("verdict"),
             confidence=data.get("confidence"),
             signals=data.get("signals"),
-            schema_valid=data.get("plan") is not None,
+            schema_valid=plan_validity(data),
             n_steps=len(steps),
             step_statuses=[s.get("status") for s in steps],
             cached=bool(data.get("cached")),
@@ -269,3 +271,18 @@ class DirectRunner:
 
 def _ms_since(started: float) -> float:
     return round((time.perf_counter() - started) * 1000, 3)
+
+
+def plan_validity(data: dict[str, Any]) -> bool | None:
+    """Whether a 200 response's plan is a valid plan on the wire (`Plan`, checked again
+    here, not taken on trust); None for an answer served from the model's own worked
+    solution (a mixed mode's prose vote), which carries no plan to judge. A response with
+    neither is a plan failure."""
+    plan = data.get("plan")
+    if plan is None:
+        return None if data.get("solution") is not None else False
+    try:
+        Plan.model_validate(plan)
+    except ValidationError:
+        return False
+    return True

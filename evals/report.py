@@ -85,6 +85,19 @@ def planner_finished(record: dict[str, Any]) -> bool:
     return len(head) == 2 and head[0].isdigit() and head[1] in PLAN_FAILURE_TYPES
 
 
+def served_from_prose(record: dict[str, Any]) -> bool:
+    """The answer came from the model's own worked solution (a mixed mode's prose vote),
+    so the response carries no plan to judge. Lines written since `evals.modes.
+    plan_validity` say so with `schema_valid: None`; earlier lines wrote `False` for any
+    200 response without a plan, which a served plan never is (its response lists at
+    least one step), so such a line with no steps is read the same way."""
+    if record.get("error") is not None:
+        return False
+    if record.get("schema_valid") is None:
+        return True
+    return record["schema_valid"] is False and not record.get("n_steps")
+
+
 def _mode_rank(mode: str) -> tuple[int, str]:
     return (MODE_ORDER.index(mode) if mode in MODE_ORDER else len(MODE_ORDER), mode)
 
@@ -112,7 +125,7 @@ def summarize(records: list[dict[str, Any]]) -> list[GroupSummary]:
                     "n": len(values),
                 }
         pipeline = [r for r in rows if r.get("mode") != "direct"]
-        planned = [r for r in pipeline if planner_finished(r)]
+        planned = [r for r in pipeline if planner_finished(r) and not served_from_prose(r)]
         scored = [r for r in pipeline if r.get("error") is None and r.get("confidence") is not None]
         verified = [r for r in pipeline if r.get("verdict") == "verified"]
         summary = GroupSummary(

@@ -283,3 +283,17 @@ async def test_reason_runner_keeps_every_round_of_a_replanned_request() -> None:
         once = await run(Item("2", "once", 3, "3"))
     assert twice["replanning"] == rounds and twice["correct"] is True
     assert "replanning" not in once
+
+
+def test_plan_validity_checks_the_plan_and_leaves_prose_answers_out() -> None:
+    from evals.modes import plan_validity
+
+    plan = {
+        "reasoning": "r",
+        "steps": [{"id": "s1", "tool": "calc", "input": "1 + 1", "depends_on": []}],
+        "answer_step": "s1",
+    }
+    assert plan_validity({"plan": plan}) is True
+    assert plan_validity({"plan": {**plan, "answer_step": "s9", "steps": []}}) is False
+    assert plan_validity({"plan": None, "solution": {"text": "2", "answer": "2"}}) is None
+    assert plan_validity({"plan": None}) is False

@@ -116,6 +116,20 @@ def test_planning_failures_count_against_schema_validity() -> None:
     assert s.schema_valid == pytest.approx(0.5) and s.errors == 3 and s.accuracy == 0.25
 
 
+def test_answers_served_from_prose_say_nothing_about_plan_validity() -> None:
+    """A mixed mode's answer from the model's worked solution carries no plan: it is left
+    out of the schema-valid share, whether the line says so (`None`) or was written
+    before it did (`False` with no steps); a returned plan that fails the check counts."""
+    records = [
+        rec("a", "plan+verify+mixed7", True),
+        rec("b", "plan+verify+mixed7", True, schema_valid=None),
+        {**rec("c", "plan+verify+mixed7", False, schema_valid=False), "n_steps": 0},
+        {**rec("d", "plan+verify+mixed7", False, schema_valid=False), "n_steps": 2},
+    ]
+    [s] = summarize(records)
+    assert s.schema_valid == pytest.approx(0.5) and s.accuracy == 0.5
+
+
 def test_latency_percentiles_per_stage() -> None:
     s = by_mode(synthetic())
     total = s["direct"].latency_ms["total"]
