@@ -218,6 +218,16 @@ def test_every_committed_sample_plan_repairs_into_a_valid_plan() -> None:
     assert repaired > 0
 
 
+async def plan_in_one_generation(question: str, written: dict) -> PlanResponse:
+    """The planner's response to a model that writes `written`, taken at the first try."""
+    backend = RecordingBackend({question: [json.dumps(written)]})
+    service = PlannerService(backend, PlannerSettings(plan_format="json"))
+    await service.load()
+    response = await service.plan(PlanRequest(question=question))
+    assert len(backend.requests) == 1
+    return response
+
+
 async def test_the_planner_returns_the_repaired_plan_without_asking_again() -> None:
     question = "How many uncommon cards?"
     split = {
@@ -228,11 +238,7 @@ async def test_the_planner_returns_the_repaired_plan_without_asking_again() -> N
         ],
         "answer_step": "s2",
     }
-    backend = RecordingBackend({question: [json.dumps(split)]})
-    service = PlannerService(backend, PlannerSettings(plan_format="json"))
-    await service.load()
-    response = await service.plan(PlanRequest(question=question))
-    assert len(backend.requests) == 1
+    response = await plan_in_one_generation(question, split)
     assert code_of(response.plans[0], "s2") == "cards = 10 * 20\ncards / 4"
 
 
@@ -356,9 +362,5 @@ async def test_a_step_listing_itself_as_a_dependency_loses_that_entry_only() -> 
         "steps": [{"id": "s1", "tool": "calc", "input": "2 + 2", "depends_on": ["s1"]}],
         "answer_step": "s1",
     }
-    backend = RecordingBackend({question: [json.dumps(selfish)]})
-    service = PlannerService(backend, PlannerSettings(plan_format="json"))
-    await service.load()
-    response = await service.plan(PlanRequest(question=question))
-    assert len(backend.requests) == 1
+    response = await plan_in_one_generation(question, selfish)
     assert deps_of(response.plans[0], "s1") == []
