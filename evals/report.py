@@ -22,6 +22,7 @@ from typing import Any
 from evals.extract import TOLERANCE
 from evals.modes import PLAN_FAILURE_TYPES
 from evals.routing import routing_analysis, routing_markdown
+from evals.sampling import sampling_analysis, sampling_markdown
 from evals.stats import (
     ECE_BINS,
     CalibrationBin,
@@ -247,6 +248,10 @@ def render_markdown(
         parts.append("")
         if plots.get("reliability"):
             parts.append(f"![reliability diagram]({plots['reliability']})\n")
+    sampling = sampling_analysis(records)
+    if sampling:
+        parts.append("## Votes of the sampling modes\n")
+        parts.append(sampling_markdown(sampling))
     parts.append("## Routing\n")
     parts.append(routing_markdown(routing_analysis(records)))
     return "\n".join(parts)
@@ -282,6 +287,7 @@ def write_report(
                 "inputs": [str(p) for p in inputs],
                 "groups": [asdict(s) for s in summaries],
                 "routing": [r.as_dict() for r in routing_analysis(records)],
+                "sampling": [r.as_dict() for r in sampling_analysis(records)],
             },
             indent=2,
         )
