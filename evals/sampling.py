@@ -73,15 +73,15 @@ def _votes(record: dict[str, Any]) -> list[dict[str, Any]]:
 
 
 def sampling_analysis(records: list[dict[str, Any]]) -> list[SamplingReport]:
-    """One report per (dataset, mode) in which some item recorded its votes."""
+    """One report per (dataset, mode) in which some item recorded more than one vote."""
     groups: dict[tuple[str, str], list[dict[str, Any]]] = defaultdict(list)
     for r in records:
         groups[(str(r.get("dataset", "")), str(r["mode"]))].append(r)
     reports = []
     for (dataset, mode), rows in sorted(groups.items()):
         voted = [r for r in rows if not r.get("error") and _votes(r)]
-        if not voted:
-            continue
+        if not any(len(_votes(r)) > 1 for r in voted):
+            continue  # one sample per item (a replanned `plan` item records its vote too)
         rep = SamplingReport(
             dataset=dataset,
             mode=mode,

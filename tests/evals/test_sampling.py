@@ -55,8 +55,10 @@ def records() -> list[dict[str, Any]]:
         # a failed request and a single-plan item record no votes
         {**voted("q6", 1, None, []), "error": "504 deadline", "agreement": None},
         {"id": "q7", "dataset": "gsm8k-test", "mode": "plan+verify+mixed7", "correct": True},
-        # another mode without votes gets no report
+        # another mode without votes gets no report, nor one whose items voted alone (a
+        # single plan that was replanned records its one vote)
         {"id": "q0", "dataset": "gsm8k-test", "mode": "direct", "correct": True, "gold": 18},
+        {**voted("q0", 18, None, [None]), "mode": "plan"},
     ]
 
 
