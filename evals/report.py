@@ -27,6 +27,7 @@ from evals.stats import (
     ECE_BINS,
     CalibrationBin,
     calibration_bins,
+    ece_of_calibrated,
     expected_calibration_error,
     percentile,
     wilson_interval,
@@ -60,6 +61,9 @@ class GroupSummary:
     cache_hit_rate: float | None
     scored: int = 0  # pipeline items answered with a served confidence
     ece: float | None = None
+    # what a perfectly calibrated confidence with the same values would measure (mean,
+    # 95th percentile): the floor the sample size sets (evals.stats.ece_of_calibrated)
+    ece_floor: tuple[float, float] | None = None
     calibration: list[CalibrationBin] = field(default_factory=list)
     verified: int = 0  # items served with the verdict `verified`
     verified_right: int = 0
@@ -153,6 +157,7 @@ def summarize(records: list[dict[str, Any]]) -> list[GroupSummary]:
             conf = [float(r["confidence"]) for r in scored]
             right = [bool(r["correct"]) for r in scored]
             summary.ece = expected_calibration_error(conf, right, ECE_BINS)
+            summary.ece_floor = ece_of_calibrated(conf, ECE_BINS)
             summary.calibration = calibration_bins(conf, right, ECE_BINS)
         out.append(summary)
     return out
@@ -244,7 +249,13 @@ def render_markdown(
                 for b in s.calibration
                 if b.count and b.mean_confidence is not None and b.accuracy is not None
             ]
-            parts.append(f"- {s.dataset} / {s.mode} (ECE {s.ece:.3f}): " + "; ".join(cells))
+            floor = (
+                f"; perfectly calibrated, the same confidences would measure "
+                f"{s.ece_floor[0]:.3f} on average, {s.ece_floor[1]:.3f} at the 95th percentile"
+                if s.ece_floor
+                else ""
+            )
+            parts.append(f"- {s.dataset} / {s.mode} (ECE {s.ece:.3f}{floor}): " + "; ".join(cells))
         parts.append("")
         if plots.get("reliability"):
             parts.append(f"![reliability diagram]({plots['reliability']})\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+import random
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -85,3 +86,22 @@ def expected_calibration_error(
         for b in calibration_bins(confidences, correct, n_bins)
         if b.count and b.accuracy is not None and b.mean_confidence is not None
     )
+
+
+def ece_of_calibrated(
+    confidences: Sequence[float], n_bins: int = ECE_BINS, draws: int = 1000, seed: int = 0
+) -> tuple[float, float]:
+    """The ECE a perfectly calibrated confidence with these values would measure on this
+    many items: the mean and the 95th percentile over `draws` outcome sets, each item
+    right with probability equal to its confidence. ECE over few items is biased upwards
+    (each bin's accuracy is a noisy estimate), so a measured ECE reads against this
+    floor: one near the mean is as calibrated as the sample can show; one above the 95th
+    percentile is miscalibrated."""
+    if not confidences:
+        raise ValueError("calibration error of no predictions")
+    rng = random.Random(seed)
+    values = sorted(
+        expected_calibration_error(confidences, [rng.random() < c for c in confidences], n_bins)
+        for _ in range(draws)
+    )
+    return sum(values) / draws, values[min(draws - 1, math.ceil(0.95 * draws) - 1)]

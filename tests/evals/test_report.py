@@ -219,6 +219,8 @@ def test_write_report_makes_markdown_json_and_pngs(tmp_path: Path) -> None:
     md = written["markdown"].read_text()
     assert "| gsm8k-test | direct | 10 | 20.0% [" in md
     assert "![reliability diagram](reliability.png)" in md
+    # the ECE a perfectly calibrated confidence would measure on these items, beside it
+    assert "(ECE 0.100; perfectly calibrated, the same confidences would measure" in md
     assert "Oracle accuracy" in md
     # the served confidence's ECE with its item count, and verified precision and coverage
     assert md.count("| 0.100 (n=10) | 6 / 6 (100.0%, 60.0%) |") == 1

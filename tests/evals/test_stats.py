@@ -6,6 +6,7 @@ import pytest
 
 from evals.stats import (
     calibration_bins,
+    ece_of_calibrated,
     expected_calibration_error,
     percentile,
     wilson_interval,
@@ -83,3 +84,18 @@ def test_calibration_bins_edges() -> None:
         calibration_bins([1.5], [True])
     with pytest.raises(ValueError):
         calibration_bins([0.5], [])
+
+
+def test_the_ece_of_a_calibrated_confidence_shrinks_with_the_items() -> None:
+    """The floor is zero for certain confidences, positive for uncertain ones over few
+    items, smaller over more items, and reproducible for a seed."""
+    assert ece_of_calibrated([0.0, 1.0, 1.0]) == (0.0, 0.0)
+    few = ece_of_calibrated([0.5, 0.7, 0.9] * 20, draws=300)
+    many = ece_of_calibrated([0.5, 0.7, 0.9] * 2000, draws=30)
+    assert 0 < many[0] < few[0] <= few[1] < 0.3
+    assert many[0] < 0.02
+    assert ece_of_calibrated([0.5, 0.7] * 10, draws=50, seed=3) == ece_of_calibrated(
+        [0.5, 0.7] * 10, draws=50, seed=3
+    )
+    with pytest.raises(ValueError):
+        ece_of_calibrated([])
