@@ -11,7 +11,7 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator.confidence import Calibrator, CalibratorError
+from orchestrator.confidence import ARTIFACT_FORMAT, Calibrator, CalibratorError
 from services.schemas import Signals
 from services.settings import PlannerSettings
 from tests.orchestrator.helpers import (
@@ -21,7 +21,7 @@ from tests.orchestrator.helpers import (
     orchestrator_stack,
     plan,
 )
-from training.fit_confidence import choose_threshold
+from training.fit_confidence import choose_threshold, cross_validated, fit_models
 from training.fit_confidence import main as fit
 
 ARTIFACT = {
@@ -171,6 +171,31 @@ def test_the_fit_learns_agreement_and_keeps_the_precision(tmp_path: Path) -> Non
     verified = [y for p, y in zip(probs, labels, strict=True) if p >= calibrator.threshold]
     assert calibrator.threshold < 1 and verified
     assert sum(verified) / len(verified) >= 0.7
+
+
+@pytest.mark.unit
+def test_the_dev_metrics_hold_a_cross_validated_estimate(tmp_path: Path) -> None:
+    """With as many folds as rows, each row's held-out confidence is the one of the
+    calibrator fitted on every other row; the estimate is reported beside the in-sample
+    one and is no better than it on a small sample."""
+    lines = dev_lines(40)
+    rows = [(Signals(**line["signals"]), bool(line["correct"])) for line in lines]
+    l2s = {"with_verifier": 0.3, "without_verifier": 0.3}
+    held = cross_validated(rows, l2s, folds=len(rows))
+    for k in (0, 17):
+        models, _ = fit_models(rows[:k] + rows[k + 1 :], l2s=l2s)
+        alone = Calibrator.from_dict(
+            {"format": ARTIFACT_FORMAT, "version": "t", "threshold": 1.0, **models}
+        )
+        assert held[k] == pytest.approx(alone.confidence(rows[k][0], answered=True))
+    results = tmp_path / "dev.jsonl"
+    results.write_text("".join(json.dumps(line) + "\n" for line in lines))
+    argv = [str(results), "--plan-format", "json", "--out", str(tmp_path / "a.json"), "--l2", "0.3"]
+    metrics = fit(argv)["dev_metrics"]
+    cv = metrics["cross_validated"]
+    assert (cv["folds"], cv["seed"]) == (10, 0)
+    assert cv["brier"] >= metrics["brier"]
+    assert "cross_validated" not in fit([*argv, "--folds", "0"])["dev_metrics"]
 
 
 @pytest.mark.unit
