@@ -50,6 +50,7 @@ from services.http import ServiceClient
 from services.logging import bind_tenant, configure_logging
 from services.schemas import (
     ConsoleConfig,
+    ModelInfo,
     ReasonOptions,
     ReasonRequest,
     ReasonResponse,
@@ -121,13 +122,44 @@ def create_app(
             state.update(registry=registry, cache=cache)
             yield
 
+    async def calibrator_note(client: httpx.AsyncClient) -> str:
+        """'' when the answer-confidence calibrator was fitted for the model the planner
+        serves (or either is unknown), else a note saying it was not; logged once per
+        model. Confidences and `verified` from another model's calibrator are not
+        calibrated: an operator who switched models needs to know, the service still
+        serves."""
+        try:  # asked on every probe: a planner redeployed with another model is seen
+            r = await client.get(f"{settings.planner_url}/info")
+            model = ModelInfo.model_validate(r.json()).model
+        except (httpx.HTTPError, ValueError):
+            return ""  # a planner without /info, or a passing fault: the next probe asks
+        calibrator = app.state.reason.calibrator
+        fitted = calibrator.fitted_for.get("planner_models") or []
+        if not fitted or model in fitted:
+            return ""
+        if state.get("calibrator_warned") != model:
+            state["calibrator_warned"] = model
+            log.warning(
+                "the confidence calibrator was fitted for another planner model",
+                **{
+                    "event.action": "confidence.calibrator_mismatch",
+                    "labels.planner_model": model,
+                    "labels.calibrator_models": ",".join(fitted),
+                    "labels.calibrator_version": calibrator.version,
+                },
+            )
+        return f"; confidence calibrator {calibrator.version} fitted for {', '.join(fitted)}, not {model}"
+
     async def readiness() -> tuple[bool, str]:
         if "registry" not in state:
             return False, "starting"
+        note = ""
         try:
             async with httpx.AsyncClient(timeout=1.0) as client:
                 r = await client.get(f"{settings.planner_url}/readyz")
-            planner_ok = r.status_code == 200
+                planner_ok = r.status_code == 200
+                if planner_ok:
+                    note = await calibrator_note(client)
         except httpx.HTTPError:
             planner_ok = False
         cache_ok = await state["cache"].ping()
@@ -136,7 +168,7 @@ def create_app(
         reason = (
             f"planner {'ready' if planner_ok else 'unreachable'}; "
             f"cache {state['cache'].kind} {'ok' if cache_ok else 'down (serving without)'}; "
-            f"{tools_reason}"
+            f"{tools_reason}{note}"
         )
         return planner_ok and tools_ok, reason
 

@@ -12,6 +12,7 @@ import httpx
 import pytest
 
 from orchestrator.confidence import ARTIFACT_FORMAT, Calibrator, CalibratorError
+from orchestrator.traces import flatten_ecs
 from services.schemas import Signals
 from services.settings import PlannerSettings
 from tests.orchestrator.helpers import (
@@ -20,6 +21,7 @@ from tests.orchestrator.helpers import (
     FakeVerifier,
     orchestrator_stack,
     plan,
+    running_orchestrator,
 )
 from training.fit_confidence import choose_threshold, cross_validated, fit_models
 from training.fit_confidence import main as fit
@@ -244,3 +246,38 @@ def test_agreement_makes_an_answer_verified_and_the_signals_are_shown(tmp_path: 
         verifier.mode = "error"
         down = ask("one", use_cache=False)
         assert down["verdict"] == "unverified" and down["signals"]["verifier"] is None
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("info", "note"),
+    [
+        ({"model": "qwen2.5-coder-1.5b-instruct"}, False),  # the calibrator's own model
+        ({"model": "qwen2.5-coder-0.5b-instruct"}, True),  # one setting away: not fitted
+        (None, False),  # a planner without /info: nothing to compare
+    ],
+)
+def test_readiness_says_when_the_calibrator_is_another_models(
+    tmp_path: Path, info: dict | None, note: bool
+) -> None:
+    """The shipped calibrator names the planner model it was fitted for; a planner serving
+    another one stays ready, the readiness reason says so, and one warning is logged."""
+    planner = FakePlanner(info=None if info is None else {**FakePlanner().info, **info})
+    with running_orchestrator(tmp_path, planner, FakeVerifier(), confidence_calibrator=None) as (
+        url,
+        _,
+    ):
+        answers = [httpx.get(f"{url}/readyz", timeout=5.0) for _ in range(3)]
+    assert all(r.status_code == 200 for r in answers)
+    reason = answers[-1].json()["reason"]
+    expected = "fitted for qwen2.5-coder-1.5b-instruct, not qwen2.5-coder-0.5b-instruct"
+    assert (expected in reason) is note
+    lines = [
+        flatten_ecs(json.loads(line))
+        for path in tmp_path.glob("orchestrator*.jsonl")
+        for line in path.read_text().splitlines()
+        if line.startswith("{")
+    ]
+    # (the file the mismatch case finds its warning in: its absence elsewhere is real)
+    warned = [x for x in lines if x.get("event.action") == "confidence.calibrator_mismatch"]
+    assert len(warned) == int(note)
