@@ -79,8 +79,8 @@ def sampling_analysis(records: list[dict[str, Any]]) -> list[SamplingReport]:
         groups[(str(r.get("dataset", "")), str(r["mode"]))].append(r)
     reports = []
     for (dataset, mode), rows in sorted(groups.items()):
-        voted = [r for r in rows if not r.get("error") and _votes(r)]
-        if not any(len(_votes(r)) > 1 for r in voted):
+        voted = [(r, votes) for r in rows if not r.get("error") and (votes := _votes(r))]
+        if not any(len(votes) > 1 for _, votes in voted):
             continue  # one sample per item (a replanned `plan` item records its vote too)
         rep = SamplingReport(
             dataset=dataset,
@@ -95,8 +95,7 @@ def sampling_analysis(records: list[dict[str, Any]]) -> list[SamplingReport]:
             by_agreement={band: Tally() for band in AGREEMENT_BANDS},
         )
         drawn_total = 0
-        for r in voted:
-            votes = _votes(r)
+        for r, votes in voted:
             served_right = bool(r.get("correct"))
             some_right = any(
                 is_correct(extract_number(v.get("answer")), r.get("gold")) for v in votes

@@ -125,11 +125,11 @@ MODELS = (
 
 
 def fit_models(
-    rows: Rows, l2: float | None = None, l2s: dict[str, float] | None = None
+    rows: Rows, l2s: dict[str, float] | None = None
 ) -> tuple[dict[str, Any], dict[str, Any]]:
     """The artifact's two logistic models (one with the verifier's score, fitted on the
-    rows that have one; one without it, on every row), each with `l2`, or the penalty
-    given in `l2s`, or one chosen by leave-one-out; and, per model, its rows and penalty."""
+    rows that have one; one without it, on every row), each with its penalty in `l2s`,
+    else one chosen by leave-one-out; and, per model, its rows and penalty."""
     models: dict[str, Any] = {}
     report: dict[str, Any] = {}
     for name, names, keep in MODELS:
@@ -138,7 +138,7 @@ def fit_models(
             raise SystemExit(f"{name}: {len(subset)} lines, too few to fit")
         x = np.array([[features(s)[f] for f in names] for s, _ in subset])
         y = np.array([y for _, y in subset], dtype=float)
-        penalty = l2 if l2 is not None else (l2s or {}).get(name)
+        penalty = (l2s or {}).get(name)
         if penalty is None:
             penalty = choose_l2(x, y)
         w, b = fit_logistic(x, y, l2=penalty)
@@ -214,7 +214,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "version": args.version,
         "features": list(FEATURES),
     }
-    models, report = fit_models(rows, args.l2)
+    models, report = fit_models(
+        rows, None if args.l2 is None else {name: args.l2 for name, _, _ in MODELS}
+    )
     artifact.update(models)
     artifact["threshold"] = 1.0
     calibrator = Calibrator.from_dict(artifact)
