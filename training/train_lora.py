@@ -13,6 +13,10 @@ adapter an uninterrupted run makes. The finished run removes `checkpoint/`. A bi
 fits in memory with `--micro-batch-size` (gradients accumulate over the batch) and
 `--gradient-checkpointing`.
 
+Small data overfits a long run: `--eval-every N` scores `val.jsonl` every N steps (AUROC
+and loss, logged) and `--keep-best` saves the adapter of the scored step with the best
+validation AUROC instead of the last one.
+
     python -m training.data --out var/verifier-data --seed 7
     python -m training.train_lora --base-model ~/.cache/reason/models/smollm2-135m-instruct/hf \\
         --data var/verifier-data --out verifier/adapters/smollm2-135m-instruct --seed 7
@@ -35,8 +39,9 @@ from typing import Any
 import torch
 
 from training.data import read_jsonl
+from training.metrics import auroc
 from training.prompt import answer_token_ids, write_prompt_format
-from training.scoring import claim_prompt, load_tokenizer, set_threads
+from training.scoring import claim_prompt, load_tokenizer, logit_diff, set_threads
 
 
 @dataclass
@@ -79,6 +84,14 @@ class TrainConfig:
     # Steps between resumable checkpoints in out_dir/checkpoint (0 = none); one is also
     # written when the time budget stops the run. A rerun with the same config resumes.
     checkpoint_every: int = 0
+    # --- selection on the validation split (val.jsonl beside train.jsonl)
+    # Steps between scoring val.jsonl (AUROC and loss, logged in train_log.jsonl);
+    # 0 = never. Scoring runs without dropout and draws no random numbers, so it does
+    # not change what the run trains.
+    eval_every: int = 0
+    # Save the adapter of the scored step with the best val AUROC instead of the last
+    # step's: early stopping by selection, for small data that a long run overfits.
+    keep_best: bool = False
     # --- machine and records
     threads: int = 1  # torch CPU threads (1 is fastest on a busy 2-core machine)
     # Where the model trains: "cpu" here; "cuda" (or "cuda:N") for the production
@@ -119,6 +132,12 @@ class TrainConfig:
             raise ValueError("time_budget_s must be >= 0 (0 = no limit)")
         if self.micro_batch_size < 0 or self.checkpoint_every < 0:
             raise ValueError("micro_batch_size and checkpoint_every must be >= 0 (0 = off)")
+        if self.eval_every < 0:
+            raise ValueError("eval_every must be >= 0 (0 = never)")
+        if self.keep_best and not self.eval_every:
+            raise ValueError("keep_best chooses among scored steps: set eval_every too")
+        if self.eval_every and not (Path(self.data_dir) / "val.jsonl").exists():
+            raise ValueError(f"eval_every scores {self.data_dir}/val.jsonl, which is missing")
         if self.max_seq_tokens < 16:
             raise ValueError("max_seq_tokens must be >= 16")
         if self.lora_top_layers < 0:
@@ -234,6 +253,7 @@ def save_checkpoint(
     optimizer: torch.optim.Optimizer,
     step: int,
     trained_s: float,
+    best: dict[str, Any] | None = None,
 ) -> None:
     """Everything a rerun needs to go on from `step`, written whole or not at all."""
     from peft import get_peft_model_state_dict
@@ -247,6 +267,7 @@ def save_checkpoint(
         "optimizer": optimizer.state_dict(),
         "torch_rng": torch.get_rng_state(),
         "cuda_rng": torch.cuda.get_rng_state_all() if torch.cuda.is_available() else None,
+        "best": best,
     }
     tmp = directory / "state.pt.tmp"
     torch.save(state, tmp)
@@ -255,8 +276,9 @@ def save_checkpoint(
 
 def resume(
     directory: Path, cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer
-) -> tuple[int, float]:
-    """Load a checkpoint of the same config; returns (its step, seconds trained so far)."""
+) -> tuple[int, float, dict[str, Any] | None]:
+    """Load a checkpoint of the same config; returns its step, the seconds trained so far
+    and the best scored step's record and adapter (None before the first scoring)."""
     from peft import set_peft_model_state_dict
 
     state = torch.load(directory / "state.pt", map_location=cfg.device, weights_only=False)
@@ -271,7 +293,30 @@ def resume(
     torch.set_rng_state(state["torch_rng"])
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
-    return int(state["step"]), float(state["trained_s"])
+    return int(state["step"]), float(state["trained_s"]), state.get("best")
+
+
+def score_val(
+    model: Any, tokenizer: Any, rows: list[dict[str, Any]], prompts: list[str], cfg: TrainConfig
+) -> dict[str, float]:
+    """AUROC and mean log-loss of the adapter being trained on the validation claims."""
+    true_id, false_id = answer_token_ids(tokenizer)
+    zs: list[float] = []
+    model.eval()
+    with torch.inference_mode():
+        for start in range(0, len(prompts), cfg.batch_size):
+            enc = tokenizer(
+                prompts[start : start + cfg.batch_size], return_tensors="pt", padding=True
+            )
+            enc = {k: v.to(cfg.device) for k, v in enc.items()}
+            zs += logit_diff(model, enc, true_id, false_id).tolist()
+    model.train()
+    labels = [bool(r["label"]) for r in rows]
+    z = torch.tensor(zs)
+    loss = torch.nn.functional.binary_cross_entropy_with_logits(
+        z, torch.tensor([float(x) for x in labels])
+    )
+    return {"val_auroc": round(auroc(zs, labels), 4), "val_loss": round(float(loss), 4)}
 
 
 def train(
@@ -298,6 +343,13 @@ def train(
     prompts = [prompts[i] for i in keep]
     lengths = [lengths[i] for i in keep]
     skipped = len(all_rows) - len(rows)
+    val_rows: list[dict[str, Any]] = []
+    if cfg.eval_every:  # sorted by length, so batches carry little padding
+        val_rows = read_jsonl(Path(cfg.data_dir) / "val.jsonl")
+        val_prompts = [claim_prompt(r) for r in val_rows]
+        order = sorted(range(len(val_rows)), key=lambda i: len(val_prompts[i]))
+        val_rows = [val_rows[i] for i in order]
+        val_prompts = [val_prompts[i] for i in order]
 
     base = AutoModelForCausalLM.from_pretrained(cfg.base_model, dtype=torch.float32)
     base.to(cfg.device)
@@ -327,9 +379,10 @@ def train(
     plan = make_batches(rows, lengths, cfg, rng)
     log_path = out / "train_log.jsonl"
     first_step, trained_s = 0, 0.0
+    best: dict[str, Any] | None = None  # {"step", "val_auroc", "val_loss", "adapter"}
     checkpoint = out / CHECKPOINT_DIR
     if (checkpoint / "state.pt").exists():
-        first_step, trained_s = resume(checkpoint, cfg, model, optimizer)
+        first_step, trained_s, best = resume(checkpoint, cfg, model, optimizer)
         kept = (
             [
                 line
@@ -388,6 +441,17 @@ def train(
         torch.nn.utils.clip_grad_norm_(trainable, cfg.grad_clip_norm)
         optimizer.step()
         steps_done = step + 1
+        if cfg.eval_every and (steps_done % cfg.eval_every == 0 or steps_done == cfg.max_steps):
+            scored = {"step": steps_done, **score_val(model, tokenizer, val_rows, val_prompts, cfg)}
+            log_file.write(json.dumps(scored) + "\n")
+            log_file.flush()
+            if best is None or scored["val_auroc"] > best["val_auroc"]:
+                from peft import get_peft_model_state_dict
+
+                adapter = {
+                    k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()
+                }
+                best = {**scored, "adapter": adapter}
         if cfg.checkpoint_every and steps_done % cfg.checkpoint_every == 0:
             save_checkpoint(
                 checkpoint,
@@ -396,6 +460,7 @@ def train(
                 optimizer,
                 steps_done,
                 trained_s + time.perf_counter() - started,
+                best,
             )
         if (step + 1) % cfg.log_every == 0 or step + 1 == cfg.max_steps:
             record = {
@@ -426,9 +491,13 @@ def train(
     log_file.close()
     elapsed = trained_s + time.perf_counter() - started
     if steps_done < cfg.max_steps and cfg.checkpoint_every:
-        save_checkpoint(checkpoint, cfg, model, optimizer, steps_done, elapsed)
+        save_checkpoint(checkpoint, cfg, model, optimizer, steps_done, elapsed, best)
     elif steps_done == cfg.max_steps:
         shutil.rmtree(checkpoint, ignore_errors=True)
+    if cfg.keep_best and best is not None:
+        from peft import set_peft_model_state_dict
+
+        set_peft_model_state_dict(model, best["adapter"])
 
     model.save_pretrained(str(out))
     adapter_config = out / "adapter_config.json"
@@ -456,6 +525,9 @@ def train(
         "seconds_per_step": round(elapsed / max(1, steps_done), 2),
         "torch": torch.__version__,
     }
+    if best is not None:
+        summary["best_val"] = {k: v for k, v in best.items() if k != "adapter"}
+        summary["saved_step"] = best["step"] if cfg.keep_best else steps_done
     (out / "train_config.json").write_text(
         json.dumps({"config": asdict(cfg), "summary": summary}, indent=2) + "\n"
     )

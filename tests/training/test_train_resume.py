@@ -116,3 +116,60 @@ def test_gradient_checkpointing_trains_the_same_adapter(
     )
     for key, value in weights(plain).items():
         torch.testing.assert_close(weights(recomputed)[key], value, rtol=1e-4, atol=1e-6)
+
+
+def log_of(out: Path) -> list[dict[str, object]]:
+    return [json.loads(x) for x in (out / "train_log.jsonl").read_text().splitlines()]
+
+
+def test_scoring_val_does_not_change_what_is_trained(
+    tiny: tuple[Path, Path], tmp_path: Path
+) -> None:
+    plain, scored = tmp_path / "plain", tmp_path / "scored"
+    train_lora.train(config(tiny, plain), progress=False)
+    summary = train_lora.train(config(tiny, scored, eval_every=2), progress=False)
+    for key, value in weights(plain).items():
+        torch.testing.assert_close(weights(scored)[key], value)
+    val = [r for r in log_of(scored) if "val_auroc" in r]
+    assert [r["step"] for r in val] == [2, 4, 6]
+    assert all(0.0 <= float(r["val_auroc"]) <= 1.0 and float(r["val_loss"]) > 0 for r in val)
+    best = max(val, key=lambda r: float(r["val_auroc"]))  # the first of equals wins
+    assert summary["best_val"] == best and summary["saved_step"] == 6  # no keep_best: the last
+
+
+def test_keep_best_saves_the_best_scored_steps_adapter_and_survives_a_resume(
+    tiny: tuple[Path, Path], tmp_path: Path
+) -> None:
+    kept = tmp_path / "kept"
+    # a high learning rate moves the val AUROC from step to step
+    kw = {"eval_every": 1, "keep_best": True, "learning_rate": 0.05, "max_steps": 5}
+    summary = train_lora.train(config(tiny, kept, **kw), progress=False)
+    val = [r for r in log_of(kept) if "val_auroc" in r]
+    assert [r["step"] for r in val] == [1, 2, 3, 4, 5]
+    top = max(float(r["val_auroc"]) for r in val)
+    first_top = next(int(r["step"]) for r in val if float(r["val_auroc"]) == top)
+    assert summary["saved_step"] == first_top == summary["best_val"]["step"]
+    assert first_top < 5  # the seeded run peaks early, so the kept adapter is not the last
+
+    # the adapter a run stopped at that step saves is the one keep_best kept
+    at_best = tmp_path / "at-best"
+    train_lora.train(
+        config(tiny, at_best, **{**kw, "keep_best": False}), False, steps_this_run=first_top
+    )
+    for key, value in weights(at_best).items():
+        torch.testing.assert_close(weights(kept)[key], value)
+
+    # a stopped run carries its best step through the checkpoint
+    stopped = tmp_path / "stopped"
+    train_lora.train(config(tiny, stopped, checkpoint_every=1, **kw), False, steps_this_run=2)
+    again = train_lora.train(config(tiny, stopped, checkpoint_every=1, **kw), progress=False)
+    assert again["resumed_at_step"] == 2 and again["best_val"] == summary["best_val"]
+    for key, value in weights(kept).items():
+        torch.testing.assert_close(weights(stopped)[key], value)
+
+
+def test_keep_best_needs_val_scoring(tiny: tuple[Path, Path], tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="set eval_every"):
+        config(tiny, tmp_path / "x", keep_best=True)
+    with pytest.raises(ValueError, match=">= 0"):
+        config(tiny, tmp_path / "x", eval_every=-1)
