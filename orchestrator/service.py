@@ -568,9 +568,10 @@ class ReasonService:
         more_to_come: bool,
     ) -> tuple[list[Execution], list[Solution], ServiceError | None]:
         """`n` plans, executed, and the first `n_prose` solutions, drawn together. A
-        question the planner cannot plan still has its solutions' answers: then no plans,
-        and the planner's error beside them; without an answered solution that error is
-        raised, unless `more_to_come` (a second stage may still plan or answer)."""
+        question the planner cannot plan, or a plan that does not come in time (or a
+        failing `/plan`), still has its solutions' answers: then no plans, and the
+        planner's error beside them; without an answered solution that error is raised,
+        unless `more_to_come` (a second stage may still plan or answer)."""
         drawn, solved = await asyncio.gather(
             self._draw(request, deadline, feedback, timings, n, 0, run, 0),
             self._solve(request, deadline, n_prose, timings),
@@ -581,7 +582,8 @@ class ReasonService:
         if not isinstance(drawn, BaseException):
             return drawn, solved, None
         answered = any(s.answer is not None for s in solved)
-        if not isinstance(drawn, PlanningFailed | Unplannable) or not (answered or more_to_come):
+        degradable = PlanningFailed | DependencyUnavailable | DeadlineExceeded
+        if not isinstance(drawn, degradable) or not (answered or more_to_come):
             raise drawn
         if not more_to_come:
             _no_plan_warning(drawn)

@@ -216,6 +216,25 @@ def test_solutions_answer_a_question_no_plan_can_be_made_for(tmp_path) -> None:
     assert r.status_code == 422 and r.json()["error"]["type"] == "planning_failed"
 
 
+@pytest.mark.parametrize("mode", ["hang", "error"])
+def test_solutions_answer_when_the_plan_does_not_come(tmp_path, mode) -> None:
+    # a planner whose /plan outlives the deadline (or fails) while /solve answered: the
+    # answer is the solution's, served within the deadline, not the planner's error
+    planner = FakePlanner(mode=mode, prose={"q": [WORKED]})
+    verifier = FakeVerifier()
+    with orchestrator_stack(tmp_path, planner, verifier) as url:
+        started = time.monotonic()
+        body = ok(url, "q", n_prose=1, n_plans=4, deadline_s=3, use_cache=False)
+        took = time.monotonic() - started
+        # with no solution stating an answer either, it is still the planner's failure
+        r = reason(url, "other", n_prose=1, deadline_s=3)
+    assert body["answer"] == "72" and body["plan"] is None
+    assert body["solution"] == {"text": WORKED, "answer": "72"}
+    assert body["agreement"]["votes"] == votes("72", source="prose")
+    assert took < 4.0
+    assert r.status_code in (502, 503, 504) and "error" in r.json()
+
+
 def test_n_prose_is_bounded(tmp_path) -> None:
     planner = FakePlanner({"q": [[calc("70+2")]]})
     with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
