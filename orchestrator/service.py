@@ -27,7 +27,7 @@ import json
 import time
 from collections.abc import Awaitable, Callable, Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import structlog
@@ -122,6 +122,10 @@ class Run:
     limits_tenant: str  # whose sandbox share the steps count against
     on_event: EventCallback | None = None
     round: int = 1
+    # Why the answer came without plans for a passing reason (the planner's /plan timed
+    # out or failed while its solutions answered): such an answer is served, not cached.
+    # One list shared by every round's copy of the run.
+    degraded: list[str] = field(default_factory=list)
 
     async def emit(self, event: StreamEvent) -> None:
         """Tell the stream (services.schemas: the /reason stream's events)."""
@@ -338,7 +342,7 @@ class ReasonService:
                 s.model_copy(update={"contribution": measured.get(s.id)}) for s in response.steps
             ]
         _observe(response, timings, total_ms)
-        if request.options.use_cache and _cacheable(response, chosen):
+        if request.options.use_cache and not run.degraded and _cacheable(response, chosen):
             await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
         return response
 
@@ -535,7 +539,7 @@ class ReasonService:
             if unplanned is not None and not executions:
                 if not any(s.answer is not None for s in solutions):
                     raise unplanned
-                _no_plan_warning(unplanned)
+                _answer_without_plans(run, unplanned)
         elif executions and first < n and not settled(answers, n + len(solutions)) and time_left:
             # more plans only while they can still change the vote (none when no plan
             # could be made: a draw gives one at least)
@@ -572,8 +576,13 @@ class ReasonService:
         failing `/plan`), still has its solutions' answers: then no plans, and the
         planner's error beside them; without an answered solution that error is raised,
         unless `more_to_come` (a second stage may still plan or answer)."""
+        # with solutions beside, a plan that does not come must leave the verifier its
+        # time to check the answer they give instead
+        plan_deadline = deadline
+        if n_prose and request.options.verify:
+            plan_deadline -= VERIFY_RESERVE_S
         drawn, solved = await asyncio.gather(
-            self._draw(request, deadline, feedback, timings, n, 0, run, 0),
+            self._draw(request, plan_deadline, feedback, timings, n, 0, run, 0),
             self._solve(request, deadline, n_prose, timings),
             return_exceptions=True,
         )
@@ -586,7 +595,7 @@ class ReasonService:
         if not isinstance(drawn, degradable) or not (answered or more_to_come):
             raise drawn
         if not more_to_come:
-            _no_plan_warning(drawn)
+            _answer_without_plans(run, drawn)
         return [], solved, drawn
 
     async def _draw_more(
@@ -959,11 +968,15 @@ async def _nothing() -> list[Any]:
     return []
 
 
-def _no_plan_warning(error: ServiceError) -> None:
+def _answer_without_plans(run: Run, error: ServiceError) -> None:
+    """The solutions answer alone: say why, and mark the run degraded when the reason may
+    pass (a planner too slow or failing), so that its answer is not cached."""
     log.warning(
         "no plan could be made; voting on the chain-of-thought solutions",
         **{"event.action": "reason.plan", "error.message": error.message},
     )
+    if isinstance(error, DependencyUnavailable | DeadlineExceeded):
+        run.degraded.append(error.message)
 
 
 def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:

@@ -231,8 +231,25 @@ def test_solutions_answer_when_the_plan_does_not_come(tmp_path, mode) -> None:
     assert body["answer"] == "72" and body["plan"] is None
     assert body["solution"] == {"text": WORKED, "answer": "72"}
     assert body["agreement"]["votes"] == votes("72", source="prose")
-    assert took < 4.0
+    # the plan's wait left the verifier its time to check the solution's answer
+    assert body["signals"]["verifier"] == pytest.approx(0.9)
+    assert verifier.claims[0]["context"] == f"Worked solution:\n{WORKED}"
+    assert took < 4.5
     assert r.status_code in (502, 503, 504) and "error" in r.json()
+
+
+def test_an_answer_without_plans_for_a_passing_reason_is_not_cached(tmp_path) -> None:
+    # the planner's /plan failing is not the question's fault: once it plans again, the
+    # answer must come from its plans, not from a cached answer of its solutions alone
+    planner = FakePlanner({"q": [[calc("70+2")]]}, mode="error", prose={"q": [WORKED]})
+    with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
+        first = ok(url, "q", n_prose=1)
+        planner.mode = "ok"
+        again = ok(url, "q", n_prose=1)
+        assert first["plan"] is None and again["plan"] is not None
+        assert again["cached"] is False
+        # an answer of plans is cached as before
+        assert ok(url, "q", n_prose=1)["cached"] is True
 
 
 def test_n_prose_is_bounded(tmp_path) -> None:
