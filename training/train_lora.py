@@ -32,7 +32,7 @@ import random
 import shutil
 import sys
 import time
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
@@ -282,8 +282,11 @@ def resume(
     from peft import set_peft_model_state_dict
 
     state = torch.load(directory / "state.pt", map_location=cfg.device, weights_only=False)
-    if state["config"] != _recipe(cfg):
-        changed = sorted(k for k, v in _recipe(cfg).items() if state["config"].get(k) != v)
+    # a checkpoint from before a field existed ran with that field's default
+    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    saved = {**{k: v for k, v in defaults.items() if k in _recipe(cfg)}, **state["config"]}
+    if saved != _recipe(cfg):
+        changed = sorted(k for k, v in _recipe(cfg).items() if saved.get(k) != v)
         raise ValueError(
             f"{directory} holds a checkpoint of another config (differs in {', '.join(changed)}); "
             "rerun with that config to resume, or delete the directory to start over"
@@ -302,12 +305,11 @@ def score_val(
     """AUROC and mean log-loss of the adapter being trained on the validation claims."""
     true_id, false_id = answer_token_ids(tokenizer)
     zs: list[float] = []
+    size = cfg.micro_batch_size or cfg.batch_size  # the memory training was sized for
     model.eval()
     with torch.inference_mode():
-        for start in range(0, len(prompts), cfg.batch_size):
-            enc = tokenizer(
-                prompts[start : start + cfg.batch_size], return_tensors="pt", padding=True
-            )
+        for start in range(0, len(prompts), size):
+            enc = tokenizer(prompts[start : start + size], return_tensors="pt", padding=True)
             enc = {k: v.to(cfg.device) for k, v in enc.items()}
             zs += logit_diff(model, enc, true_id, false_id).tolist()
     model.train()
@@ -344,12 +346,21 @@ def train(
     lengths = [lengths[i] for i in keep]
     skipped = len(all_rows) - len(rows)
     val_rows: list[dict[str, Any]] = []
-    if cfg.eval_every:  # sorted by length, so batches carry little padding
+    if cfg.eval_every:  # as training sees claims: no longer ones; sorted by length
         val_rows = read_jsonl(Path(cfg.data_dir) / "val.jsonl")
         val_prompts = [claim_prompt(r) for r in val_rows]
-        order = sorted(range(len(val_rows)), key=lambda i: len(val_prompts[i]))
+        val_lengths = [len(tokenizer(q)["input_ids"]) for q in val_prompts]
+        order = sorted(
+            (i for i, n in enumerate(val_lengths) if n <= cfg.max_seq_tokens),
+            key=lambda i: val_lengths[i],
+        )
         val_rows = [val_rows[i] for i in order]
         val_prompts = [val_prompts[i] for i in order]
+        if len({bool(r["label"]) for r in val_rows}) < 2:
+            raise ValueError(
+                "eval_every ranks val.jsonl's claims by AUROC, which needs TRUE and FALSE "
+                f"claims within max_seq_tokens; {cfg.data_dir}/val.jsonl has one label only"
+            )
 
     base = AutoModelForCausalLM.from_pretrained(cfg.base_model, dtype=torch.float32)
     base.to(cfg.device)
