@@ -87,6 +87,7 @@ def score_rows(
     fmt: dict[str, Any] = PROMPT_FORMAT,
     batch_size: int = 16,
     progress: bool = False,
+    device: str = "cpu",
 ) -> list[float]:
     """Logit differences for claims, in input order (batched by similar length)."""
     true_id, false_id = answer_token_ids(tokenizer, fmt)
@@ -101,6 +102,7 @@ def score_rows(
         chunks = tqdm(chunks, desc="scoring", unit="batch")
     for chunk in chunks:
         enc = tokenizer([prompts[i] for i in chunk], return_tensors="pt", padding=True)
+        enc = {k: v.to(device) for k, v in enc.items()}
         diffs = logit_diff(model, enc, true_id, false_id)
         for i, z in zip(chunk, diffs.tolist(), strict=True):
             scores[i] = float(z)

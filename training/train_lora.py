@@ -41,7 +41,7 @@ import torch
 from training.data import read_jsonl
 from training.metrics import auroc
 from training.prompt import answer_token_ids, write_prompt_format
-from training.scoring import claim_prompt, load_tokenizer, logit_diff, set_threads
+from training.scoring import claim_prompt, load_tokenizer, score_rows, set_threads
 
 
 @dataclass
@@ -300,23 +300,17 @@ def resume(
 
 
 def score_val(
-    model: Any, tokenizer: Any, rows: list[dict[str, Any]], prompts: list[str], cfg: TrainConfig
+    model: Any, tokenizer: Any, rows: list[dict[str, Any]], cfg: TrainConfig
 ) -> dict[str, float]:
     """AUROC and mean log-loss of the adapter being trained on the validation claims."""
-    true_id, false_id = answer_token_ids(tokenizer)
-    zs: list[float] = []
-    size = cfg.micro_batch_size or cfg.batch_size  # the memory training was sized for
-    model.eval()
-    with torch.inference_mode():
-        for start in range(0, len(prompts), size):
-            enc = tokenizer(prompts[start : start + size], return_tensors="pt", padding=True)
-            enc = {k: v.to(cfg.device) for k, v in enc.items()}
-            zs += logit_diff(model, enc, true_id, false_id).tolist()
+    model.eval()  # no dropout while scoring
+    zs = score_rows(
+        model, tokenizer, rows, batch_size=cfg.micro_batch_size or cfg.batch_size, device=cfg.device
+    )
     model.train()
     labels = [bool(r["label"]) for r in rows]
-    z = torch.tensor(zs)
     loss = torch.nn.functional.binary_cross_entropy_with_logits(
-        z, torch.tensor([float(x) for x in labels])
+        torch.tensor(zs), torch.tensor([float(x) for x in labels])
     )
     return {"val_auroc": round(auroc(zs, labels), 4), "val_loss": round(float(loss), 4)}
 
@@ -346,16 +340,12 @@ def train(
     lengths = [lengths[i] for i in keep]
     skipped = len(all_rows) - len(rows)
     val_rows: list[dict[str, Any]] = []
-    if cfg.eval_every:  # as training sees claims: no longer ones; sorted by length
-        val_rows = read_jsonl(Path(cfg.data_dir) / "val.jsonl")
-        val_prompts = [claim_prompt(r) for r in val_rows]
-        val_lengths = [len(tokenizer(q)["input_ids"]) for q in val_prompts]
-        order = sorted(
-            (i for i, n in enumerate(val_lengths) if n <= cfg.max_seq_tokens),
-            key=lambda i: val_lengths[i],
-        )
-        val_rows = [val_rows[i] for i in order]
-        val_prompts = [val_prompts[i] for i in order]
+    if cfg.eval_every:  # as training sees claims: no longer ones
+        val_rows = [
+            r
+            for r in read_jsonl(Path(cfg.data_dir) / "val.jsonl")
+            if len(tokenizer(claim_prompt(r))["input_ids"]) <= cfg.max_seq_tokens
+        ]
         if len({bool(r["label"]) for r in val_rows}) < 2:
             raise ValueError(
                 "eval_every ranks val.jsonl's claims by AUROC, which needs TRUE and FALSE "
@@ -453,7 +443,7 @@ def train(
         optimizer.step()
         steps_done = step + 1
         if cfg.eval_every and (steps_done % cfg.eval_every == 0 or steps_done == cfg.max_steps):
-            scored = {"step": steps_done, **score_val(model, tokenizer, val_rows, val_prompts, cfg)}
+            scored = {"step": steps_done, **score_val(model, tokenizer, val_rows, cfg)}
             log_file.write(json.dumps(scored) + "\n")
             log_file.flush()
             if best is None or scored["val_auroc"] > best["val_auroc"]:
