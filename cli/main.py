@@ -155,6 +155,15 @@ def serve(
         err.print(f"[red]{exc}")
         raise typer.Exit(1) from None
     finally:
+        # A second Ctrl-C (or SIGTERM) while the services stop must not leave them running
+        # without a parent: it kills them instead of waiting out their graceful stop.
+        def _kill(*_: Any) -> None:
+            for proc in procs.values():
+                if proc.poll() is None:
+                    proc.kill()
+
+        signal.signal(signal.SIGTERM, _kill)
+        signal.signal(signal.SIGINT, _kill)
         stop_services(procs)
         if stopping:
             console.print("stopped")

@@ -83,6 +83,63 @@ def test_serve_stops_on_ctrl_c_even_when_started_with_sigint_ignored(tmp_path) -
     test_serve_starts_three_services_and_ctrl_c_stops_them(tmp_path, [sys.executable, "-c", probe])
 
 
+def test_a_second_signal_while_the_services_stop_kills_them_instead_of_orphaning_them(
+    tmp_path,
+) -> None:
+    """Services slow to stop (a model server mid-generation) get their grace; a second
+    SIGTERM or Ctrl-C during it kills them: `reason serve` never exits leaving them."""
+    probe = (
+        "import subprocess, sys, runpy\n"
+        "import cli.main as m\n"
+        "import os, time\n"
+        "tmp = sys.argv[1]\n"
+        "slow = 'import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
+        "open(sys.argv[1], \"w\").close(); time.sleep(120)'\n"
+        "def start(host, log_dir, ports):\n"
+        "    marks = {n: os.path.join(tmp, n + '.ignoring') for n in ports}\n"
+        "    procs = {n: subprocess.Popen([sys.executable, '-c', slow, marks[n]]) for n in ports}\n"
+        "    while not all(os.path.exists(m) for m in marks.values()):\n"
+        "        time.sleep(0.02)  # each ignores SIGTERM before the test sends one\n"
+        "    print('pids', *[p.pid for p in procs.values()], flush=True)\n"
+        "    return procs\n"
+        "m.start_services = start\n"
+        "m.wait_ready = lambda urls, timeout_s, procs: {n: True for n in urls}\n"
+        "sys.argv = ['reason', 'serve', '--log-dir', sys.argv[1]]\n"
+        "runpy.run_module('cli', run_name='__main__')\n"
+    )
+    proc = subprocess.Popen(
+        [sys.executable, "-c", probe, str(tmp_path)],
+        cwd=REPO,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    pids: list[int] = []
+    try:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith("pids"):
+                pids = [int(p) for p in line.split()[1:]]
+            if "Ctrl-C stops" in line:
+                break
+        assert len(pids) == 3
+        proc.send_signal(signal.SIGTERM)
+        time.sleep(1.0)  # the services ignore it: the stop waits out their grace
+        assert proc.poll() is None
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=10)
+        for pid in pids:
+            assert (
+                not os.path.exists(f"/proc/{pid}")
+                or "Z" in open(f"/proc/{pid}/stat").read().split()[2]
+            ), f"service {pid} outlived reason serve"
+    finally:
+        proc.kill()
+        for pid in pids:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)
+
+
 def test_ask_prints_answer_and_steps(stack: Stack) -> None:
     result = CliRunner().invoke(
         cli_app, ["ask", "What is 6 * 7?", "--url", stack.url("orchestrator")]
