@@ -186,7 +186,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     args = parser.parse_args(argv)
 
     rows: list[tuple[Signals, bool]] = []
-    models: set[str] = set()
+    planner_models: set[str] = set()
     modes: set[str] = set()
     unanswered = 0
     for path in args.results:
@@ -199,7 +199,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             if record["mode"] == "direct":
                 raise SystemExit(f"{path}: `direct` lines have no pipeline signals")
             # the evaluation names the model backend:model; the artifact, the model
-            models.add(str(record.get("model")).partition(":")[2] or str(record.get("model")))
+            model = str(record.get("model"))
+            planner_models.add(model.partition(":")[2] or model)
             modes.add(str(record["mode"]))
             signals = signals_of(record)
             if signals is None:
@@ -232,7 +233,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     covered = [y for p, y in scored if threshold < 1.0 and p >= threshold]
     artifact["threshold"] = threshold
     artifact["fitted_for"] = {
-        "planner_models": sorted(models),
+        "planner_models": sorted(planner_models),
         "plan_format": args.plan_format,
         "modes": sorted(modes),
     }
