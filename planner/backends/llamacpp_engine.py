@@ -22,7 +22,12 @@ One engine thread owns the context. Requests become jobs (`submit`, from any thr
      copied) and evaluates only its question. A job with another prefix (another tool
      list, another prompt) caches its prefix first, on a free prefix sequence or on the
      least recently used one's, which is cleared; the prefix is evaluated from position
-     0, so a prefix's cells are the same values however they came to be cached. Jobs
+     0, so a prefix's cells are the same values however they came to be cached. A job
+     whose prefix only starts with a cached one (a second pass over the model's own
+     draft: the plan prompt, the question and the draft, then one more request) copies
+     the cached cells and evaluates the rest of its prompt on its own sequence, as
+     llama.cpp's server reuses a slot's longest common prefix: a continuation no other
+     job shares is never cached, so it cannot evict the prompts every request uses. Jobs
      still decoding on an evicted prefix keep its cells through their own tags. Cached
      prefixes no job uses are evicted, least recently used first, when a job needs
      their cells.
@@ -181,7 +186,8 @@ class Job:
     submitted: float = field(default_factory=time.perf_counter)
     # Filled by the engine.
     prompt: list[int] = field(default_factory=list)
-    prefix: list[int] = field(default_factory=list)
+    prefix: list[int] = field(default_factory=list)  # its part the cache serves or keeps
+    shareable: int = 0  # tokens of the prompt's own shareable prefix (looked up)
     seqs: list[_Sequence] = field(default_factory=list)
     pinned: _Prefix | None = None
     cells: int = 0  # KV cells reserved: question + n * max_tokens
@@ -459,8 +465,11 @@ class BatchEngine:
                     continue
                 # As llama.cpp does: a completion ends where the context does.
                 job.max_tokens = min(job.max_tokens, self.prompt_limit - len(job.prompt))
+                job.shareable = len(job.prefix)
             n = len(job.seeds)
             cached = self._cached(job.prefix)
+            if cached is not None and len(cached.tokens) < len(job.prefix):
+                job.prefix = cached.tokens  # the rest is this job's own
             job.cells = len(job.prompt) - len(job.prefix) + n * job.max_tokens
             need = job.cells + (0 if cached else len(job.prefix))
             # cached prefixes no job uses give their cells up to a job that needs them
@@ -548,7 +557,14 @@ class BatchEngine:
             self._finish(job, None)
 
     def _cached(self, tokens: list[int]) -> _Prefix | None:
-        return next((p for p in self._prefixes if p.tokens == tokens), None)
+        """The cached prefix `tokens` is, or else the longest (non-empty) one it starts
+        with."""
+        covering = [
+            p
+            for p in self._prefixes
+            if p.tokens == tokens or (p.tokens and tokens[: len(p.tokens)] == p.tokens)
+        ]
+        return max(covering, key=lambda p: len(p.tokens), default=None)
 
     def _evictable(self, keep: _Prefix | None) -> list[_Prefix]:
         """Cached prefixes no job uses, but `keep`; least recently used first."""
@@ -774,7 +790,7 @@ class BatchEngine:
         self._job_s = 0.8 * self._job_s + 0.2 * (now - job.admitted)
         PROMPT_TOKENS.labels(**labels).inc(result.prompt_tokens)
         GENERATION_TOKENS.labels(**labels).inc(sum(completion))
-        PREFIX_QUERIES.labels(**labels).inc(len(job.prefix))
+        PREFIX_QUERIES.labels(**labels).inc(job.shareable)
         PREFIX_HITS.labels(**labels).inc(result.prefix_cached_tokens)
         QUEUE_TIME.labels(**labels).observe(result.queue_s)
         PREFILL_TIME.labels(**labels).observe(result.prefill_s)

@@ -210,6 +210,46 @@ def test_two_prompts_in_turn_both_stay_cached_and_the_least_recent_goes_first(
     assert run(backend, a).usage.prefix_cached_tokens == 0
 
 
+def test_a_prompt_that_continues_a_cached_prefix_reuses_it_and_evicts_nothing(
+    backend: Any,
+) -> None:
+    from dataclasses import replace
+
+    plan_system, other_system = (
+        {"role": "system", "content": f"Answer with a plan as JSON, pass {k}."} for k in "XY"
+    )
+    plan, other = request(system=plan_system), request(system=other_system)
+    run(backend, plan)
+    run(backend, other)  # both prefix slots are taken
+    cached = run(backend, plan).usage.prefix_cached_tokens
+    assert cached > 0
+    # a second pass over a draft: the plan prompt, the question, the model's own draft,
+    # then one more request; only the plan prompt is shared with other jobs
+    second = replace(
+        plan,
+        messages=[
+            plan_system,
+            {"role": "user", "content": QUESTIONS[1]},
+            {"role": "assistant", "content": "5 plus 18 is 23."},
+            {"role": "user", "content": "Now the plan."},
+        ],
+        temperature=0.0,
+    )
+    got = run(backend, second)
+    assert got.usage.prefix_cached_tokens == cached
+    assert got.usage.prompt_eval_tokens == got.usage.prompt_tokens - cached
+    # its own continuation was not cached in a slot: both shared prompts still hit
+    assert run(backend, other).usage.prefix_cached_tokens > 0
+    assert run(backend, plan).usage.prefix_cached_tokens == cached
+
+    fresh = make_backend()
+    asyncio.run(fresh.load())
+    try:  # evaluated from the cached prefix, it gives what a fresh process gives
+        assert run(fresh, second).texts == got.texts
+    finally:
+        asyncio.run(fresh.close())
+
+
 def test_an_idle_cached_prefix_gives_its_cells_to_a_job_that_needs_them(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
