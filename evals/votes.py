@@ -28,7 +28,7 @@ from pathlib import Path
 
 from evals.extract import extract_number, is_correct
 from evals.stats import wilson_interval
-from services.answers import answer_key, numbers
+from services.answers import answer_key, numbers, vote_weight
 
 
 @dataclass(frozen=True)
@@ -95,14 +95,16 @@ def _from_samples(rows: list[dict]) -> VoteItem:
     )
 
 
-def winner(answers: Sequence[str | None]) -> str | None:
-    """The answer most of `answers` agree on; a tie goes to the one given first."""
-    counts: dict[str, int] = {}
+def winner(answers: Sequence[str | None], question: str = "") -> str | None:
+    """The answer most of `answers` agree on, each weighed as the orchestrator weighs it
+    against `question` (`services.answers.vote_weight`); a tie goes to the one given
+    first."""
+    counts: dict[str, float] = {}
     first: dict[str, str] = {}
     for a in answers:
         k = answer_key(a)
         if k is not None:
-            counts[k] = counts.get(k, 0) + 1
+            counts[k] = counts.get(k, 0.0) + vote_weight(a, question)
             first.setdefault(k, a or "")
     if not counts:
         return None
@@ -112,7 +114,7 @@ def winner(answers: Sequence[str | None]) -> str | None:
 
 
 def replay(item: VoteItem, p: int, q: int) -> str | None:
-    return winner([*item.plans[:p], *item.prose[:q]])
+    return winner([*item.plans[:p], *item.prose[:q]], item.question)
 
 
 def right(item: VoteItem, answer: str | None) -> bool:
@@ -131,8 +133,10 @@ def served(item: VoteItem, p: int, q: int) -> tuple[str | None, int]:
     if two_stage(p, q):
         return staged(item, p, q, first_p, first_q)
     full = replay(item, p, q)
-    answers = [answer_key(a) for a in (*item.plans[:first_p], *item.prose[:q])]
-    return full, (first_p + q if first_p < p and settled(answers, p + q) else p + q)
+    first = (*item.plans[:first_p], *item.prose[:q])
+    answers = [answer_key(a) for a in first]
+    weights = [vote_weight(a, item.question) for a in first]
+    return full, (first_p + q if first_p < p and settled(answers, p + q, weights) else p + q)
 
 
 def staged(item: VoteItem, p: int, q: int, first_p: int, first_q: int) -> tuple[str | None, int]:
@@ -143,7 +147,7 @@ def staged(item: VoteItem, p: int, q: int, first_p: int, first_q: int) -> tuple[
 
     first = [*item.plans[:first_p], *item.prose[:first_q]]
     if unanimous([answer_key(a) for a in first], first_p + first_q):
-        return winner(first), first_p + first_q
+        return winner(first, item.question), first_p + first_q
     return replay(item, p, q), p + q
 
 
@@ -177,6 +181,32 @@ def table(items: list[VoteItem], max_p: int = 4, max_q: int = 4) -> list[dict]:
                 }
             )
     return rows
+
+
+def whole_weighting(items: list[VoteItem], p: int, q: int) -> dict[str, int]:
+    """What `services.answers.vote_weight` does to the vote over the first `p` plans and
+    `q` solutions: right answers with it and without it (every answer counting 1), the
+    answers it changed, by whether they became right or wrong, and the samples it weighed
+    down (and how many of those were right)."""
+    keys = ("weighed", "plain", "changed", "won", "lost", "samples", "down", "down_right")
+    out = dict.fromkeys(keys, 0)
+    for item in items:
+        answers = [*item.plans[:p], *item.prose[:q]]
+        for a in answers:
+            if a is None:
+                continue
+            out["samples"] += 1
+            if vote_weight(a, item.question) < 1:
+                out["down"] += 1
+                out["down_right"] += right(item, a)
+        weighed, plain = winner(answers, item.question), winner(answers)
+        out["weighed"] += right(item, weighed)
+        out["plain"] += right(item, plain)
+        if answer_key(weighed) != answer_key(plain):
+            out["changed"] += 1
+            out["won"] += right(item, weighed) and not right(item, plain)
+            out["lost"] += right(item, plain) and not right(item, weighed)
+    return out
 
 
 def largest_number(question: str) -> float:
@@ -237,6 +267,23 @@ def main(argv: list[str] | None = None) -> int:
                 f"{sum(n for _, n in got) / len(full):.2f} | "
                 f"{len(stopped)} ({sum(right(i, a) for i, a in stopped)}) |"
             )
+
+    def weighing(label: str, items: list[VoteItem], p: int, q: int) -> None:
+        w = whole_weighting(items, p, q)
+        print(
+            f"\nwhole-number weighting ({label}): {w['weighed']}/{len(items)} right with it, "
+            f"{w['plain']}/{len(items)} without; it changed {w['changed']} answers: "
+            f"{w['won']} became right, {w['lost']} wrong; it weighed down {w['down']} of "
+            f"{w['samples']} answers, {w['down_right']} of them right"
+        )
+
+    if max_p + max_q >= 2:
+        p, q = min(max_p, 4), min(max_q, 3)
+        weighing(f"{p} plans and {q} solutions, all drawn", full, p, q)
+    # a served run's items drew what adaptive sampling drew: every recorded vote
+    most_p, most_q = max(len(i.plans) for i in items), max(len(i.prose) for i in items)
+    if (most_p, most_q) != (max_p, max_q):
+        weighing("every vote each item recorded", items, most_p, most_q)
     oracle = sum(any(right(i, a) for a in (*i.plans, *i.prose)) for i in full)
     print(f"\nsome sample right (the headroom of any vote or router): {oracle}/{len(full)}")
     for big in (100, 1000, 10000):

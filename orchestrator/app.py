@@ -24,7 +24,7 @@ from fastapi import Depends, FastAPI, Request
 from fastapi.responses import FileResponse
 
 from orchestrator.cache import Cache, create_cache
-from orchestrator.confidence import Calibrator
+from orchestrator.confidence import Calibrators
 from orchestrator.console import HEADERS as CONSOLE_HEADERS
 from orchestrator.console import INDEX, ConsoleFiles
 from orchestrator.limits import TenantCounter
@@ -114,7 +114,7 @@ def create_app(
                 cache_ttl_s=settings.cache_ttl_s,
                 max_replans=settings.max_replans,
                 replan_on=settings.replan_on,
-                calibrator=Calibrator.load(settings.confidence_calibrator),
+                calibrator=Calibrators.load(settings.confidence_calibrator),
                 max_tool_calls=settings.max_tool_calls_per_request,
                 sandbox_jobs_per_tenant=settings.sandbox_jobs_per_tenant(),
             )
@@ -123,20 +123,21 @@ def create_app(
             yield
 
     async def calibrator_note(client: httpx.AsyncClient) -> str:
-        """'' when the answer-confidence calibrator was fitted for the model the planner
-        serves (or either is unknown), else a note saying it was not; logged once per
+        """'' when an answer-confidence calibrator was fitted for the model the planner
+        serves (or either is unknown), else a note saying none was; logged once per
         model. Confidences and `verified` from another model's calibrator are not
-        calibrated: an operator who switched models needs to know, the service still
-        serves."""
+        calibrated: an operator who switched to a model without one needs to know, the
+        service still serves."""
         try:  # asked on every probe: a planner redeployed with another model is seen
             r = await client.get(f"{settings.planner_url}/info")
             model = ModelInfo.model_validate(r.json()).model
         except (httpx.HTTPError, ValueError):
             return ""  # a planner without /info, or a passing fault: the next probe asks
-        calibrator = app.state.reason.calibrator
-        fitted = calibrator.fitted_for.get("planner_models") or []
-        if not fitted or model in fitted:
+        calibrators = app.state.reason.calibrators
+        if calibrators.fitted_for(model) is not False:
             return ""
+        calibrator = calibrators.default
+        fitted = calibrator.fitted_for.get("planner_models") or []
         if state.get("calibrator_warned") != model:
             state["calibrator_warned"] = model
             log.warning(

@@ -11,6 +11,11 @@ requests that did not ask the verifier (or whose verifier did not answer).
 `verified` is reserved for answers whose calibrated confidence reaches the artifact's
 threshold, chosen on the dev split for precision.
 
+A calibrator is fitted for one planner model: the same signals mean more from a stronger
+model. The orchestrator ships one per model it was fitted for (`Calibrators`) and picks,
+for each request, the one fitted for the model that planned it (plan and solve responses
+name it), so that switching the planner's model is one setting.
+
 The model is five weights and a bias: applying it is a dot product, so the orchestrator
 needs no numerical library for it.
 """
@@ -19,13 +24,15 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
 from services.schemas import Signals
 
+SHIPPED_DEFAULT = "answer-confidence.json"  # the embedded default model's
 FEATURES = ("agreement", "log_plans", "complete", "verifier_logit", "rounds")
 ARTIFACT_FORMAT = "answer-confidence/1"
 LOGIT_LIMIT = 8.0  # verifier scores of exactly 0 or 1 stay finite
@@ -124,13 +131,22 @@ class Calibrator:
 
     @classmethod
     def load(cls, path: Path | None = None) -> Calibrator:
-        """The artifact at `path`, or the one shipped with the orchestrator."""
-        shipped = resources.files("orchestrator.calibration").joinpath("answer-confidence.json")
-        source = (
-            str(path) if path is not None else "orchestrator/calibration/answer-confidence.json"
-        )
+        """The artifact at `path`, or the embedded default model's, shipped with the
+        orchestrator."""
+        if path is None:
+            return cls.load_shipped(SHIPPED_DEFAULT)
+        return cls._read(path, str(path))
+
+    @classmethod
+    def load_shipped(cls, name: str) -> Calibrator:
+        """The artifact `name` shipped in orchestrator/calibration/."""
+        shipped = resources.files("orchestrator.calibration").joinpath(name)
+        return cls._read(shipped, f"orchestrator/calibration/{name}")
+
+    @classmethod
+    def _read(cls, file: Any, source: str) -> Calibrator:
         try:
-            text = (path or shipped).read_text(encoding="utf-8")
+            text = file.read_text(encoding="utf-8")
         except OSError as exc:
             raise CalibratorError(f"{source}: cannot read ({exc.strerror})") from None
         try:
@@ -138,3 +154,62 @@ class Calibrator:
         except ValueError as exc:
             raise CalibratorError(f"{source}: not JSON ({exc})") from None
         return cls.from_dict(data, source)
+
+
+@dataclass(frozen=True)
+class Calibrators:
+    """The calibrators the orchestrator serves with: one for each planner model one was
+    fitted for, and a default for a model none was (its confidences are then another
+    model's, and /readyz says so)."""
+
+    default: Calibrator
+    by_model: Mapping[str, Calibrator] = field(default_factory=dict)
+
+    def pick(self, model: str | None) -> Calibrator:
+        """The calibrator fitted for `model`, else the default."""
+        return self.by_model.get(model, self.default) if model else self.default
+
+    def fitted_for(self, model: str) -> bool | None:
+        """Whether a calibrator was fitted for `model`; None when the default names no
+        model (nothing to compare)."""
+        if model in self.by_model:
+            return True
+        return None if not self.default.fitted_for.get("planner_models") else False
+
+    @property
+    def version(self) -> str:
+        """Every calibrator's version: a refit of any changes confidences and verdicts."""
+        return "+".join(
+            sorted({self.default.version, *(c.version for c in self.by_model.values())})
+        )
+
+    @classmethod
+    def of(cls, calibrators: list[Calibrator], default: Calibrator) -> Calibrators:
+        by_model: dict[str, Calibrator] = {}
+        for calibrator in calibrators:
+            for model in calibrator.fitted_for.get("planner_models") or []:
+                if model in by_model and by_model[model] is not calibrator:
+                    raise CalibratorError(
+                        f"two calibrators are fitted for {model}: "
+                        f"{by_model[model].version} and {calibrator.version}"
+                    )
+                by_model[str(model)] = calibrator
+        return cls(default=default, by_model=by_model)
+
+    @classmethod
+    def load(cls, path: Path | None = None) -> Calibrators:
+        """The operator's artifact at `path`, for every model (it is theirs to fit), or
+        every artifact shipped with the orchestrator, the embedded default's the default."""
+        if path is not None:
+            only = Calibrator.load(path)
+            return cls.of([only], default=only)
+        shipped = resources.files("orchestrator.calibration")
+        names = sorted(
+            entry.name
+            for entry in shipped.iterdir()
+            if entry.name.startswith("answer-confidence") and entry.name.endswith(".json")
+        )
+        loaded = {name: Calibrator.load_shipped(name) for name in names}
+        if SHIPPED_DEFAULT not in loaded:
+            raise CalibratorError(f"orchestrator/calibration/{SHIPPED_DEFAULT}: missing")
+        return cls.of(list(loaded.values()), default=loaded[SHIPPED_DEFAULT])

@@ -34,13 +34,13 @@ import structlog
 from prometheus_client import Counter, Histogram
 
 from orchestrator.cache import Cache, cache_get, make_key
-from orchestrator.confidence import Calibrator
+from orchestrator.confidence import Calibrator, Calibrators
 from orchestrator.contribution import contributions
 from orchestrator.executor import Execution, PlanExecutor, StepCallback
 from orchestrator.limits import TenantSemaphore, ToolBudget
 from orchestrator.tools.registry import ToolRegistry
 from services import tracing
-from services.answers import answer_key, normalize_text
+from services.answers import answer_key, normalize_text, vote_weight
 from services.claims import plan_claim, solution_claim
 from services.errors import (
     ClientClosed,
@@ -126,6 +126,13 @@ class Run:
     # out or failed while its solutions answered): such an answer is served, not cached.
     # One list shared by every round's copy of the run.
     degraded: list[str] = field(default_factory=list)
+    # The model(s) the planner answered with (its plan and solve responses name it): the
+    # confidence is calibrated for the first. Shared by every round's copy, as above.
+    models: list[str] = field(default_factory=list)
+
+    def saw_model(self, model: str) -> None:
+        if model not in self.models:
+            self.models.append(model)
 
     async def emit(self, event: StreamEvent) -> None:
         """Tell the stream (services.schemas: the /reason stream's events)."""
@@ -232,7 +239,7 @@ class ReasonService:
         replan_on: tuple[ReplanReason, ...] | list[ReplanReason] = ("no_answer",),
         max_tool_calls: int = 32,
         sandbox_jobs_per_tenant: int | None = None,
-        calibrator: Calibrator | None = None,
+        calibrator: Calibrator | Calibrators | None = None,
     ) -> None:
         self.planner = planner
         self.verifier = verifier
@@ -243,7 +250,10 @@ class ReasonService:
         self.cache_ttl_s = cache_ttl_s
         self.max_replans = max_replans
         self.replan_on = frozenset(replan_on)
-        self.calibrator = calibrator or Calibrator.load()
+        # one calibrator for every model (an operator's, a test's), or one per model
+        if isinstance(calibrator, Calibrator):
+            calibrator = Calibrators.of([calibrator], default=calibrator)
+        self.calibrators = calibrator or Calibrators.load()
         self.max_tool_calls = max_tool_calls
 
     def _answer_cache_key(self, request: ReasonRequest, tenant: str) -> str:
@@ -258,7 +268,7 @@ class ReasonService:
             o.verify,
             o.adaptive,
             o.contributions,
-            self.calibrator.version,
+            self.calibrators.version,
         )
 
     async def reason(
@@ -399,7 +409,7 @@ class ReasonService:
                 # keep the answer we have; the replan just failed (and still took time)
                 summaries.append(failed)
                 break
-            outcome = self._outcome(attempts, round_no + 1)
+            outcome = self._outcome(request.question, attempts, round_no + 1, run)
             summary = _summary(outcome, reason, time.perf_counter() - started)
             summaries.append(summary)
             await this.emit(
@@ -468,10 +478,10 @@ class ReasonService:
             ),
         )
 
-    def _outcome(self, attempts: list[Attempt], round_no: int) -> Outcome:
-        """The round's vote, its calibrated confidence and the verdict it would be served
-        with."""
-        best, agreeing = vote(attempts)
+    def _outcome(self, question: str, attempts: list[Attempt], round_no: int, run: Run) -> Outcome:
+        """The round's vote, its confidence, calibrated for the model that planned it, and
+        the verdict it would be served with."""
+        best, agreeing = vote(attempts, question)
         answered = best.answer is not None
         signals = Signals(
             agreement=agreeing / len(attempts) if answered else 0.0,
@@ -480,8 +490,9 @@ class ReasonService:
             verifier=best.verifier,
             rounds=round_no,
         )
-        confidence = self.calibrator.confidence(signals, answered=answered)
-        verdict = served_verdict(best, confidence, self.calibrator.threshold)
+        calibrator = self.calibrators.pick(run.models[0] if run.models else None)
+        confidence = calibrator.confidence(signals, answered=answered)
+        verdict = served_verdict(best, confidence, calibrator.threshold)
         return Outcome(best, attempts, agreeing, signals, confidence, verdict)
 
     async def _round(
@@ -508,6 +519,7 @@ class ReasonService:
         first_draw_s = time.perf_counter() - t0
         answers = [answer_key(e.answer) for e in executions]
         answers += [answer_key(s.answer) for s in solutions]
+        weights = [vote_weight(x.answer, request.question) for x in (*executions, *solutions)]
         remaining = deadline - asyncio.get_running_loop().time()
         # the rest only with time left for a draw like the first and the verifier after it
         time_left = remaining > first_draw_s + VERIFY_RESERVE_S and not run.budget.spent
@@ -530,7 +542,7 @@ class ReasonService:
                     else _nothing(),
                     # a planner that gave no solution (down, or without /solve) is not
                     # asked again: the plans decide
-                    self._solve(request, deadline, n_prose - first_prose, timings, first_prose)
+                    self._solve(request, deadline, n_prose - first_prose, timings, run, first_prose)
                     if solutions
                     else _nothing(),
                 )
@@ -540,7 +552,12 @@ class ReasonService:
                 if not any(s.answer is not None for s in solutions):
                     raise unplanned
                 _answer_without_plans(run, unplanned)
-        elif executions and first < n and not settled(answers, n + len(solutions)) and time_left:
+        elif (
+            executions
+            and first < n
+            and not settled(answers, n + len(solutions), weights)
+            and time_left
+        ):
             # more plans only while they can still change the vote (none when no plan
             # could be made: a draw gives one at least)
             executions += await self._draw_more(
@@ -583,7 +600,7 @@ class ReasonService:
             plan_deadline -= VERIFY_RESERVE_S
         drawn, solved = await asyncio.gather(
             self._draw(request, plan_deadline, feedback, timings, n, 0, run, 0),
-            self._solve(request, deadline, n_prose, timings),
+            self._solve(request, deadline, n_prose, timings, run),
             return_exceptions=True,
         )
         if isinstance(solved, BaseException):  # _solve degrades; anything else is a bug
@@ -626,6 +643,7 @@ class ReasonService:
         deadline: float,
         n: int,
         timings: dict[str, float],
+        run: Run,
         offset: int = 0,
     ) -> list[Solution]:
         """Chain-of-thought solutions `offset`.. `offset + n - 1` from the planner (the
@@ -646,10 +664,12 @@ class ReasonService:
                     body["offset"] = offset
                 data = await self.planner.post_json("/solve", body, timeout_s=remaining)
                 # model output through the planner: held to its schema, strictly
-                solutions = SolveResponse.model_validate(data, strict=True).solutions[:n]
+                solved = SolveResponse.model_validate(data, strict=True)
+                solutions = solved.solutions[:n]
         except (ServiceError, ValueError) as exc:
             _degraded("no chain-of-thought solutions; voting on the plans alone", "solve", exc)
             return []
+        run.saw_model(solved.model)
         return solutions
 
     async def _draw(
@@ -666,7 +686,7 @@ class ReasonService:
         """`n` plans (samples `offset`..), executed; `index`: the first one's place in the
         round's vote, which names it in the stream's events."""
         with timed(timings, "plan"):
-            plans = await self._plan(request, deadline, feedback, n, offset)
+            plans = await self._plan(request, deadline, feedback, n, offset, run)
         PLANS_DRAWN.labels("first" if offset == 0 else "more").inc(len(plans))
         for k, plan in enumerate(plans):  # drawn in the stream before any step runs
             await run.emit(PlanEvent(**plan.model_dump(), round=run.round, plan=index + k))
@@ -679,7 +699,8 @@ class ReasonService:
         deadline: float,
         feedback: str | None,
         n: int,
-        offset: int = 0,
+        offset: int,
+        run: Run,
     ) -> list[Plan]:
         remaining = deadline - asyncio.get_running_loop().time()
         if remaining < PLAN_MIN_BUDGET_S:
@@ -700,6 +721,7 @@ class ReasonService:
             response = PlanResponse.model_validate(data, strict=True)
         except ValueError:
             raise DependencyUnavailable("planner answered with a malformed plan response") from None
+        run.saw_model(response.model)
         plans = []
         # the planner's output is model output: check it again, and run no more than asked
         for plan in response.plans[:n]:
@@ -741,7 +763,7 @@ class ReasonService:
             return
         # Ask once per answer that can win the vote: those most plans agree on (the
         # plans that produced an answer share its verdict; the verifier breaks ties).
-        leaders = leading_answers(attempts)
+        leaders = leading_answers(attempts, request.question)
         distinct: dict[str, Attempt] = {}
         for attempt in attempts:
             k = answer_key(attempt.answer)
@@ -920,11 +942,22 @@ def _counts(attempts: list[Attempt]) -> dict[str, int]:
     return counts
 
 
-def leading_answers(attempts: list[Attempt]) -> set[str]:
-    """The answers most plans agree on (several when tied)."""
-    counts = _counts(attempts)
-    top = max(counts.values(), default=0)
-    return {k for k, c in counts.items() if c == top}
+def _weights(attempts: list[Attempt], question: str) -> dict[str, float]:
+    """Each answer's votes, each sample's counted by `services.answers.vote_weight` (a
+    number that is not whole, to a question of whole numbers, counts half)."""
+    weights: dict[str, float] = {}
+    for a in attempts:
+        k = answer_key(a.answer)
+        if k is not None:
+            weights[k] = weights.get(k, 0.0) + vote_weight(a.answer, question)
+    return weights
+
+
+def leading_answers(attempts: list[Attempt], question: str = "") -> set[str]:
+    """The answers that lead the vote (several when tied)."""
+    weights = _weights(attempts, question)
+    top = max(weights.values(), default=0.0)
+    return {k for k, w in weights.items() if w == top}
 
 
 def first_draw(n: int, adaptive: bool = True) -> int:
@@ -956,11 +989,17 @@ def unanimous(answers: list[str | None], drawn: int) -> bool:
     return len(answers) == drawn > 0 and None not in answers and len(set(answers)) == 1
 
 
-def settled(answers: list[str | None], n: int) -> bool:
+def settled(answers: list[str | None], n: int, weights: list[float] | None = None) -> bool:
     """Whether the answers drawn so far decide the vote over `n` plans: the leader keeps
-    more votes than the runner-up could reach with every plan still to draw."""
-    votes = sorted((answers.count(k) for k in set(answers) if k is not None), reverse=True)
-    leader, runner_up = [*votes, 0, 0][:2]
+    more votes than the runner-up could reach with every plan still to draw (each
+    answer's vote weighed by `weights`, `vote`'s weights of the same samples; a sample
+    still to draw counts at most 1)."""
+    weights = weights if weights is not None else [1.0] * len(answers)
+    totals: dict[str, float] = {}
+    for k, w in zip(answers, weights, strict=True):
+        if k is not None:
+            totals[k] = totals.get(k, 0.0) + w
+    leader, runner_up = [*sorted(totals.values(), reverse=True), 0.0, 0.0][:2]
     return leader > runner_up + (n - len(answers))
 
 
@@ -979,11 +1018,14 @@ def _answer_without_plans(run: Run, error: ServiceError) -> None:
         run.degraded.append(error.message)
 
 
-def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
-    """The answer most executed plans agree on; among tied answers, the one the verifier
-    trusts most, then the one drawn first. Returns the served attempt (the most trusted
-    plan of that answer) and how many plans agree with it."""
+def vote(attempts: list[Attempt], question: str = "") -> tuple[Attempt, int]:
+    """The answer most samples agree on, each sample's vote weighed by
+    `services.answers.vote_weight` against `question`; among tied answers, the one the
+    verifier trusts most, then the one drawn first. Returns the served attempt (the most
+    trusted plan of that answer) and how many samples agree with it (unweighted: the
+    agreement the confidence is calibrated on)."""
     counts = _counts(attempts)
+    weights = _weights(attempts, question)
     if not counts:
         return max(attempts, key=lambda a: a.steps_ok), 0
     order = {k: i for i, k in reversed(list(enumerate(answer_key(a.answer) for a in attempts)))}
@@ -992,7 +1034,7 @@ def vote(attempts: list[Attempt]) -> tuple[Attempt, int]:
         k = answer_key(a.answer)
         if k is not None:
             confidence[k] = max(confidence.get(k, 0.0), a.confidence)
-    winner = max(counts, key=lambda k: (counts[k], confidence[k], -order[k]))
+    winner = max(weights, key=lambda k: (weights[k], confidence[k], -order[k]))
     members = [a for a in attempts if answer_key(a.answer) == winner]
     # an executed plan before a solution of the same answer: its steps show the work
     return max(members, key=lambda a: (a.confidence, a.execution is not None)), counts[winner]

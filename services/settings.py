@@ -196,8 +196,9 @@ class OrchestratorSettings(CommonSettings):
     calc_timeout_s: float = Field(default=1.0, gt=0)
     sql_cache_ttl_s: float = Field(default=60, gt=0)
     lookup_cache_ttl_s: float = Field(default=3600, gt=0)
-    # The answer-confidence calibrator (orchestrator.confidence); unset = the artifact
-    # shipped in orchestrator/calibration/.
+    # The answer-confidence calibrator (orchestrator.confidence), for every planner model;
+    # unset = the artifacts shipped in orchestrator/calibration/, each request's confidence
+    # from the one fitted for the model that planned it (the embedded default's for others).
     confidence_calibrator: Path | None = None
     # Trace lookup (`GET /traces/{trace_id}`, the console's trace view; orchestrator.traces):
     # from Elasticsearch when `trace_es_url` is set (credentials may be in the URL, or an

@@ -94,7 +94,7 @@ def test_a_second_signal_while_the_services_stop_kills_them_instead_of_orphaning
         "import os, time\n"
         "tmp = sys.argv[1]\n"
         "slow = 'import signal, sys, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); "
-        "open(sys.argv[1], \"w\").close(); time.sleep(120)'\n"
+        'open(sys.argv[1], "w").close(); time.sleep(120)\'\n'
         "def start(host, log_dir, ports):\n"
         "    marks = {n: os.path.join(tmp, n + '.ignoring') for n in ports}\n"
         "    procs = {n: subprocess.Popen([sys.executable, '-c', slow, marks[n]]) for n in ports}\n"

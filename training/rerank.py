@@ -72,7 +72,8 @@ def choose(samples: list[dict[str, Any]], prob: dict[ClaimKey, float]) -> dict[s
     answered = [s for s in samples if s["answer"] is not None]
     if not answered:
         return dict.fromkeys(("first", "majority", "best", "weighted"))
-    voted = winner([s["answer"] for s in samples])
+    question = next((s["claim"]["question"] for s in samples if s["claim"] is not None), "")
+    voted = winner([s["answer"] for s in samples], question)  # the orchestrator's vote
     totals: dict[str, float] = {}
     for s in answered:
         key = answer_key(s["answer"])

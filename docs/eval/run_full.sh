@@ -4,7 +4,8 @@
 # for the small-machine setting; the run of 2026-11-30 in docs/eval/README.md is that
 # model's), the model verifier (SmolLM2-135M + the committed LoRA adapter, symbolic checks
 # first), services on ports 18000-18002. Results go to docs/eval/1.5b/results/ (for the
-# small model, docs/eval/results/, where the run of 2026-11-30 is).
+# small model, docs/eval/0.5b-draft/results/; the run of 2026-11-30 in docs/eval/results/
+# is that model's on an older pipeline and prompt).
 #
 # The 2 cores are split: the planner's llama.cpp runs on one thread, and the `direct`
 # baseline (its own copy of the model, one thread) runs beside the pipeline modes.
@@ -37,7 +38,7 @@ start="${EVAL_START:-0}"
 py="${PYTHON:-$repo/.venv/bin/python}"
 model="${EVAL_MODEL:-qwen2.5-coder-1.5b-instruct}"
 case "$model" in
-  qwen2.5-coder-0.5b-instruct) results=docs/eval/results ;;
+  qwen2.5-coder-0.5b-instruct) results=docs/eval/0.5b-draft/results ;;
   qwen2.5-coder-1.5b-instruct) results=docs/eval/1.5b/results ;;
   *) results="docs/eval/$model/results" ;;
 esac

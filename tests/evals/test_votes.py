@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from evals.votes import VoteItem, load, replay, table, winner
+from evals.votes import VoteItem, load, replay, table, whole_weighting, winner
 
 pytestmark = pytest.mark.unit
 
@@ -161,3 +161,73 @@ def test_the_report_covers_the_votes_every_file_can_replay(tmp_path, capsys) -> 
     assert row.endswith("| 2/2 | 4.50 |")
     # the first stages compared: one plan and one solution first stops early for a
     assert "| 1 | 1 | 2/2 | 4.50 | 1 (1) |" in table_rows
+
+
+def test_a_number_that_is_not_whole_counts_half_in_a_replay() -> None:
+    question = "A box holds 12 eggs and 3 boxes are full. How many eggs are there?"
+    assert winner(["36.5", "36.5", "36"], question) == "36.5"  # two halves tie one: first
+    assert winner(["36.5", "36", "36.5", "37"], question) == "36.5"
+    assert winner(["36.5", "36"], question) == "36"
+    assert winner(["36.5", "36"]) == "36.5"  # no question: every answer counts 1
+    item = VoteItem("x", 36, plans=("36.5", "36"), prose=("36.5",), question=question)
+    assert replay(item, 2, 0) == "36"
+    assert replay(item, 2, 1) == "36.5"
+
+
+def test_whole_weighting_counts_what_the_weighting_changed() -> None:
+    question = "A box holds 12 eggs and 3 boxes are full. How many eggs are there?"
+    items = [
+        # weighting turns a wrong 36.5 into the right 36
+        VoteItem("won", 36, plans=("36.5", "36"), prose=(), question=question),
+        # weighting turns a right 7.5 (rare, but it happens) into a wrong 8
+        VoteItem("lost", 7.5, plans=("7.5", "8"), prose=(), question=question),
+        # unchanged: whole answers only
+        VoteItem("same", 36, plans=("36", "35"), prose=(), question=question),
+        # unchanged: the question states a decimal, so 2.5 keeps its full vote
+        VoteItem("decimal", 2.5, plans=("2.5", "3"), prose=(), question="Each costs $1.25."),
+    ]
+    got = whole_weighting(items, 2, 0)
+    assert got == {
+        "weighed": 3,
+        "plain": 3,
+        "changed": 2,
+        "won": 1,
+        "lost": 1,
+        "samples": 8,
+        "down": 2,
+        "down_right": 1,
+    }
+    assert whole_weighting(items, 1, 0) == {
+        "weighed": 3,
+        "plain": 3,
+        "changed": 0,
+        "won": 0,
+        "lost": 0,
+        "samples": 4,
+        "down": 2,
+        "down_right": 1,
+    }
+
+
+def test_a_served_run_reports_the_weighting_over_every_vote_it_recorded(tmp_path, capsys) -> None:
+    from evals.votes import main
+
+    def served(id_: str, gold: int, plans: list, prose: list) -> str:
+        record = json.loads(line(id_, gold, plans, prose))
+        record["question"] = "Tom has 12 apples and buys 3 more bags of 4. How many apples?"
+        return json.dumps(record) + "\n"
+
+    runs = tmp_path / "served.jsonl"
+    # a stopped after its first stage; b drew the second and its two 23.5s lead on count
+    runs.write_text(
+        served("a", 24, ["24"], ["24"]) + served("b", 24, ["23.5", "24", "23.5"], ["24", "7"])
+    )
+    assert main([str(runs)]) == 0
+    out = capsys.readouterr().out
+    assert (
+        "whole-number weighting (1 plans and 1 solutions, all drawn): 2/2 right with it, 1/2" in out
+    )
+    assert (
+        "whole-number weighting (every vote each item recorded): 2/2 right with it, 1/2 without; "
+        "it changed 1 answers: 1 became right, 0 wrong; it weighed down 2 of 7 answers, 0 of them right"
+    ) in out

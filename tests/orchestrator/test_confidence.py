@@ -11,9 +11,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from orchestrator.confidence import ARTIFACT_FORMAT, Calibrator, CalibratorError
+from orchestrator.cache import MemoryCache
+from orchestrator.confidence import ARTIFACT_FORMAT, Calibrator, CalibratorError, Calibrators
+from orchestrator.service import ReasonService
 from orchestrator.traces import flatten_ecs
-from services.schemas import Signals
+from services.schemas import ReasonRequest, Signals
 from services.settings import PlannerSettings
 from tests.orchestrator.helpers import (
     PASSTHROUGH_CALIBRATOR,
@@ -23,6 +25,7 @@ from tests.orchestrator.helpers import (
     plan,
     running_orchestrator,
 )
+from tests.orchestrator.test_stream_events import ScriptedPlanner, ScriptedVerifier, registry
 from training.fit_confidence import choose_threshold, cross_validated, fit_models
 from training.fit_confidence import main as fit
 
@@ -164,6 +167,9 @@ def test_the_fit_learns_agreement_and_keeps_the_precision(tmp_path: Path) -> Non
     calibrator = Calibrator.load(out)
     assert artifact["with_verifier"]["weights"]["agreement"] > 0
     assert artifact["fitted_for"]["plan_format"] == "json"
+    # the model of the runs, as the orchestrator looks it up (backend prefix dropped)
+    assert artifact["fitted_for"]["planner_models"] == ["qwen2.5-coder-1.5b-instruct"]
+    assert artifact["fitted_for"]["modes"] == ["plan+verify+sc5"]
     held_out = dev_lines(2000, seed=1)
     probs = [calibrator.confidence(Signals(**line["signals"]), answered=True) for line in held_out]
     labels = [line["correct"] for line in held_out]
@@ -206,6 +212,80 @@ def test_the_fit_refuses_lines_that_are_not_the_dev_split(tmp_path: Path) -> Non
     results.write_text("".join(json.dumps(line) + "\n" for line in dev_lines(dataset="gsm8k-test")))
     with pytest.raises(SystemExit, match="not the train dev split"):
         fit([str(results), "--plan-format", "json", "--out", str(tmp_path / "a.json")])
+
+
+# --------------------------------------------------------------------------- per model
+
+
+def fitted(version: str, model: str, **change) -> Calibrator:
+    return Calibrator.from_dict(
+        {**ARTIFACT, "version": version, "fitted_for": {"planner_models": [model]}, **change}
+    )
+
+
+@pytest.mark.unit
+def test_each_planner_model_is_given_the_calibrator_fitted_for_it() -> None:
+    a, b = fitted("a", "model-a"), fitted("b", "model-b")
+    calibrators = Calibrators.of([a, b], default=a)
+    assert calibrators.pick("model-b") is b and calibrators.pick("model-a") is a
+    assert calibrators.pick("model-c") is a and calibrators.pick(None) is a
+    assert calibrators.fitted_for("model-b") is True
+    assert calibrators.fitted_for("model-c") is False
+    assert calibrators.version == "a+b"  # the answer cache's key changes with either
+    unnamed = Calibrator.from_dict(ARTIFACT)  # names no model: nothing to compare
+    assert Calibrators.of([unnamed], default=unnamed).fitted_for("model-c") is None
+    with pytest.raises(CalibratorError, match="two calibrators are fitted for model-a"):
+        Calibrators.of([a, fitted("a2", "model-a")], default=a)
+
+
+@pytest.mark.unit
+def test_the_shipped_calibrators_name_their_models_and_the_default_models_is_the_default() -> None:
+    shipped = Calibrators.load()
+    assert shipped.default == Calibrator.load()
+    default_model = PlannerSettings().model
+    assert shipped.pick(default_model) is shipped.default
+    for model, calibrator in shipped.by_model.items():
+        assert model in calibrator.fitted_for["planner_models"]
+    # an operator's artifact is the one for every model
+    own = Calibrators.load(PASSTHROUGH_CALIBRATOR)
+    assert own.pick(default_model) is own.default and own.pick("x") is own.default
+
+
+class NamedPlanner(ScriptedPlanner):
+    """Plans from a script, as the planner serving `model`."""
+
+    def __init__(self, script: dict, model: str) -> None:
+        super().__init__(script)
+        self.model = model
+
+    async def post_json(self, path: str, body: dict, *, timeout_s: float) -> dict:
+        reply = await super().post_json(path, body, timeout_s=timeout_s)
+        return {**reply, "model": self.model}
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("model", "logit"),
+    [("model-a", 3.0), ("model-b", 1.0), ("another", 3.0)],  # another: the default's
+)
+async def test_the_confidence_is_calibrated_for_the_model_that_planned(
+    model: str, logit: float
+) -> None:
+    a = fitted("a", "model-a")
+    b = fitted("b", "model-b", without_verifier={"weights": {"agreement": 2.0}, "bias": -1.0})
+    service = ReasonService(
+        planner=NamedPlanner({"q": [[plan(("s1", "calc", "2+2", []))]]}, model),
+        verifier=ScriptedVerifier(),
+        registry=registry(),
+        cache=MemoryCache(),
+        calibrator=Calibrators.of([a, b], default=a),
+    )
+    request = ReasonRequest.model_validate(
+        {"question": "q", "options": {"verify": False, "use_cache": False, "n_prose": 0}}
+    )
+    result = await service.reason(request)
+    assert result.answer == "4"
+    assert result.confidence == pytest.approx(1 / (1 + math.exp(-logit)), abs=1e-6)
 
 
 # --------------------------------------------------------------------------- served
@@ -252,16 +332,18 @@ def test_agreement_makes_an_answer_verified_and_the_signals_are_shown(tmp_path: 
 @pytest.mark.parametrize(
     ("info", "note"),
     [
-        ({"model": "qwen2.5-coder-1.5b-instruct"}, False),  # the calibrator's own model
-        ({"model": "qwen2.5-coder-0.5b-instruct"}, True),  # one setting away: not fitted
+        ({"model": "qwen2.5-coder-1.5b-instruct"}, False),  # the default calibrator's model
+        ({"model": "qwen2.5-coder-0.5b-instruct"}, False),  # one setting away: its own
+        ({"model": "phi-3.5-mini-instruct"}, True),  # none fitted for it
         (None, False),  # a planner without /info: nothing to compare
     ],
 )
 def test_readiness_says_when_the_calibrator_is_another_models(
     tmp_path: Path, info: dict | None, note: bool
 ) -> None:
-    """The shipped calibrator names the planner model it was fitted for; a planner serving
-    another one stays ready, the readiness reason says so, and one warning is logged."""
+    """The shipped calibrators name the planner model each was fitted for; a planner
+    serving a model none was fitted for stays ready, the readiness reason says so, and one
+    warning is logged."""
     planner = FakePlanner(info=None if info is None else {**FakePlanner().info, **info})
     with running_orchestrator(tmp_path, planner, FakeVerifier(), confidence_calibrator=None) as (
         url,
@@ -270,7 +352,7 @@ def test_readiness_says_when_the_calibrator_is_another_models(
         answers = [httpx.get(f"{url}/readyz", timeout=5.0) for _ in range(3)]
     assert all(r.status_code == 200 for r in answers)
     reason = answers[-1].json()["reason"]
-    expected = "fitted for qwen2.5-coder-1.5b-instruct, not qwen2.5-coder-0.5b-instruct"
+    expected = "fitted for qwen2.5-coder-1.5b-instruct, not phi-3.5-mini-instruct"
     assert (expected in reason) is note
     lines = [
         flatten_ecs(json.loads(line))

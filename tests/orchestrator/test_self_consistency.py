@@ -10,7 +10,8 @@ import pytest
 
 from orchestrator.executor import Execution
 from orchestrator.service import Attempt, settled, vote
-from services.schemas import Plan, PlanStep, StepResult
+from services.answers import answer_key, vote_weight
+from services.schemas import Plan, PlanStep, ReasonRequest, StepResult
 from tests.orchestrator.helpers import (
     FakePlanner,
     FakeVerifier,
@@ -57,6 +58,35 @@ def test_adaptive_sampling_serves_what_the_full_draw_would() -> None:
             early = vote([attempt(a) for a in first])
             assert early[0].answer == full[0].answer, answers
             assert early[1] > 5 // 2 and full[1] >= early[1]
+
+
+@pytest.mark.unit
+def test_adaptive_sampling_serves_what_the_full_draw_would_with_answers_weighed() -> None:
+    """The same with answers that are not whole (half a vote each for a question of whole
+    numbers): `settled`, given the vote's weights, never stops a draw the rest could
+    overturn."""
+    question = "Tom has 3 bags of 4 apples. How many apples?"
+    for answers in itertools.product(["4", "4.5", "6", None], repeat=5):
+        full = vote([attempt(a) for a in answers], question)
+        first = list(answers[:3])
+        weights = [vote_weight(a, question) for a in first]
+        if settled([answer_key(a) for a in first], 5, weights):
+            early = vote([attempt(a) for a in first], question)
+            assert early[0].answer == full[0].answer, answers
+
+
+@pytest.mark.unit
+def test_a_number_that_is_not_whole_counts_half_a_vote() -> None:
+    question = "Tom has 3 bags of 4 apples. How many apples?"
+    served, agreeing = vote([attempt("12.5"), attempt("12.5"), attempt("12")], question)
+    assert served.answer == "12.5" and agreeing == 2  # two halves tie one: drawn first
+    four = [attempt("12.5"), attempt("12"), attempt("12.5"), attempt("13")]
+    served, agreeing = vote(four, question)
+    assert served.answer == "12.5" and agreeing == 2
+    served, agreeing = vote([attempt("12.5"), attempt("12")], question)
+    assert served.answer == "12" and agreeing == 1  # the agreement stays a count
+    assert vote([attempt("12.5"), attempt("12")])[0].answer == "12.5"  # no question
+    assert settled(["25/2", "25/2"], 3) and not settled(["25/2", "25/2"], 3, [0.5, 0.5])
 
 
 @pytest.mark.unit
@@ -210,3 +240,27 @@ def test_any_configured_reason_replans_even_behind_one_that_is_not(tmp_path) -> 
         body = ask(url, "q", n_plans=5)
         assert body["answer"] == "6" and body["agreement"]["rounds"] == 2
         assert "disagreed" in planner.requests[-1]["feedback"]
+
+
+@pytest.mark.unit
+async def test_the_served_vote_weighs_answers_against_the_question_and_verifies_the_leader() -> (
+    None
+):
+    """Through the service: two plans of 25/2 (half a vote each, for a question of whole
+    numbers) tie one plan of 12; the verifier is asked about the leaders only and breaks
+    the tie, and agreement stays a count of samples."""
+    from tests.orchestrator.test_stream_events import ScriptedPlanner, ScriptedVerifier, service
+
+    question = "Tom has 3 bags of 4 apples and eats 1. How many apples are left?"
+    plans = [calc_plans("25/2")[0], calc_plans("5/2*5")[0], calc_plans("11+1")[0]]
+    verifier = ScriptedVerifier({"12": 0.8, "12.5": 0.3})
+    svc = service(ScriptedPlanner({question: [plans]}), verifier)
+    request = ReasonRequest.model_validate(
+        {
+            "question": question,
+            "options": {"n_plans": 3, "n_prose": 0, "adaptive": False, "use_cache": False},
+        }
+    )
+    result = await svc.reason(request)
+    assert result.answer == "12"
+    assert result.agreement is not None and result.agreement.agreeing == 1

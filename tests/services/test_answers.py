@@ -109,3 +109,36 @@ def test_the_evaluation_reads_the_last_number_with_the_parser() -> None:
     number = answers.last_number(text)
     assert number == "1234.50"
     assert evals.extract.extract_number(text) == float(answers.answer_number(number))
+
+
+WHOLE_QUESTION = "Natalia sold clips to 48 of her friends in April, and 15% more in May."
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("answer", "question", "weight"),
+    [
+        ("72", WHOLE_QUESTION, 1.0),
+        ("72.0", WHOLE_QUESTION, 1.0),
+        ("$1,234", WHOLE_QUESTION, 1.0),
+        ("15%", WHOLE_QUESTION, 1.0),  # a whole percent, as written
+        ("72.5", WHOLE_QUESTION, answers.NOT_WHOLE_WEIGHT),
+        ("1/3", WHOLE_QUESTION, answers.NOT_WHOLE_WEIGHT),
+        ("12.5%", WHOLE_QUESTION, answers.NOT_WHOLE_WEIGHT),
+        ("Paris", WHOLE_QUESTION, 1.0),  # not a number: nothing to weigh
+        (None, WHOLE_QUESTION, 1.0),
+        ("2.5", "Each pen costs $2.50. How much do 3 pens cost?", 1.0),  # a decimal stated
+        ("2.5", "What is half of five?", 1.0),  # no number stated: no evidence
+        ("1e30000000", WHOLE_QUESTION, 1.0),  # no number (the bounded parser): counts 1
+    ],
+)
+def test_a_number_that_is_not_whole_counts_half_for_a_question_of_whole_numbers(
+    answer: str | None, question: str, weight: float
+) -> None:
+    assert answers.vote_weight(answer, question) == weight
+
+
+@pytest.mark.unit
+def test_the_replayed_vote_and_the_served_vote_weigh_answers_alike() -> None:
+    assert evals.votes.vote_weight is answers.vote_weight
+    assert orchestrator.service.vote_weight is answers.vote_weight
