@@ -258,7 +258,8 @@ class ReasonService:
 
     def _answer_cache_key(self, request: ReasonRequest, tenant: str) -> str:
         o = request.options
-        # the calibrator's version too: a refit changes confidences and verdicts
+        # the calibrators' versions and the vote's rule too: a refit changes confidences
+        # and verdicts, a new rule the answer
         return make_key(
             "answer",
             tenant,
@@ -269,6 +270,7 @@ class ReasonService:
             o.adaptive,
             o.contributions,
             self.calibrators.version,
+            VOTE_RULE,
         )
 
     async def reason(
@@ -940,6 +942,11 @@ def _counts(attempts: list[Attempt]) -> dict[str, int]:
         if k is not None:
             counts[k] = counts.get(k, 0) + 1
     return counts
+
+
+# The vote's counting rule, in the answer cache's key: a cached answer was voted by the
+# rule of its time. Change it with `vote`, `settled` or `services.answers.vote_weight`.
+VOTE_RULE = "whole-weighted/2"
 
 
 def _weights(attempts: list[Attempt], question: str) -> dict[str, float]:

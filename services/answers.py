@@ -79,7 +79,7 @@ def answer_key(answer: str | None) -> str | None:
 # How much a sample's answer counts in a vote when it is a number that is not whole and
 # the question states whole numbers only (`vote_weight`). Chosen on the pipeline's own
 # samples of GSM8K **train** questions (docs/eval/dev/README.md, "Whole answers"): of
-# 1,178 answers, 59 were such numbers and one of those was right; halving their vote
+# 1,178 answers, 51 were such numbers and one of those was right; halving their vote
 # turned 2 of 205 answers right and none wrong.
 NOT_WHOLE_WEIGHT = 0.5
 
@@ -90,16 +90,29 @@ def _as_written(answer: str) -> Fraction | None:
     return parse_number(bare[:-1].rstrip() if bare.endswith("%") else bare)
 
 
+# A fraction the question states (`1/2 of the pies`, `3 ½ cups`): `numbers` reads
+# `1/2` as two whole numbers, so fractions are looked for on their own.
+_FRACTION_RE = re.compile(r"\d\s*/\s*\d")
+
+
+def _states_fraction(question: str) -> bool:
+    if _FRACTION_RE.search(question):
+        return True
+    return any(not float(unicodedata.numeric(c, 0)).is_integer() for c in question)
+
+
 def vote_weight(answer: str | None, question: str) -> float:
     """What one sample's answer counts in a vote: 1, or `NOT_WHOLE_WEIGHT` for a number
     that is not whole (`72.5`, `1/3`, `12.5%`) answering a question whose numbers are all
-    whole (`48 clips`, `15%`). A question that states a fraction or decimal (`$2.50`) or no
-    number at all gives no such evidence, and every answer counts 1 there; so does an
-    answer that is not a number."""
+    whole (`48 clips`, `15%`). A question that states a fraction or a decimal (`$2.50`,
+    `1/2`, `½`) or no number at all gives no such evidence, and every answer counts 1
+    there; so does an answer that is not a number."""
     value = _as_written(answer) if answer is not None else None
     if value is None or value.denominator == 1:
         return 1.0
     stated = [parse_number(n.replace(",", "")) for n in numbers(question)]
     if not stated or any(v is None or v.denominator != 1 for v in stated):
+        return 1.0
+    if _states_fraction(question):
         return 1.0
     return NOT_WHOLE_WEIGHT

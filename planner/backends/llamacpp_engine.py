@@ -26,8 +26,11 @@ One engine thread owns the context. Requests become jobs (`submit`, from any thr
      whose prefix only starts with a cached one (a second pass over the model's own
      draft: the plan prompt, the question and the draft, then one more request) copies
      the cached cells and evaluates the rest of its prompt on its own sequence, as
-     llama.cpp's server reuses a slot's longest common prefix: a continuation no other
-     job shares is never cached, so it cannot evict the prompts every request uses. Jobs
+     llama.cpp's server reuses a slot's longest common prefix; the rest is not cached,
+     so a request's own continuation cannot evict the prompts every request uses. (A
+     longer prefix that many jobs share is therefore cached only while no shorter
+     cached one covers it; the planner's prompts differ from their first message, so
+     for them the rest is always one request's own.) Jobs
      still decoding on an evicted prefix keep its cells through their own tags. Cached
      prefixes no job uses are evicted, least recently used first, when a job needs
      their cells.
@@ -49,7 +52,8 @@ Same input, same seed, same output: the sampler chain of sample k is the one the
 sequential path builds (llama-cpp-python's `create_chat_completion` defaults: top-k 40,
 typical 1.0, top-p, min-p 0.05, temperature, seeded `dist`; greedy at temperature 0)
 with seed + k * stride, the grammar mask applied first; the prefix is always evaluated
-the same way and a question always in its own `llama_decode`; and the context is opened
+the same way and a question (with the rest of a prompt that continues a cached prefix)
+always in its own `llama_decode`; and the context is opened
 with flash attention, under which a sequence's attention skips the cells of other
 sequences. Alone or batched, the output is the same wherever ggml's kernels are
 batch-invariant; where they are not (docs/benchmarks/planner.md lists the cases), a

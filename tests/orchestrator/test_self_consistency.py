@@ -264,3 +264,20 @@ async def test_the_served_vote_weighs_answers_against_the_question_and_verifies_
     result = await svc.reason(request)
     assert result.answer == "12"
     assert result.agreement is not None and result.agreement.agreeing == 1
+
+
+@pytest.mark.unit
+def test_the_answer_cache_key_changes_with_the_vote_rule(monkeypatch) -> None:
+    """A cached answer was voted by the rule of its time: a new rule misses it."""
+    import orchestrator.service as service_module
+    from orchestrator.cache import MemoryCache
+    from orchestrator.tools.registry import ToolRegistry
+
+    service = service_module.ReasonService(
+        planner=None, verifier=None, registry=ToolRegistry(), cache=MemoryCache()
+    )
+    request = ReasonRequest(question="What is 40 + 2?")
+    key = service._answer_cache_key(request, "default")
+    assert service._answer_cache_key(request, "default") == key
+    monkeypatch.setattr(service_module, "VOTE_RULE", "another/1")
+    assert service._answer_cache_key(request, "default") != key

@@ -129,6 +129,10 @@ WHOLE_QUESTION = "Natalia sold clips to 48 of her friends in April, and 15% more
         (None, WHOLE_QUESTION, 1.0),
         ("2.5", "Each pen costs $2.50. How much do 3 pens cost?", 1.0),  # a decimal stated
         ("2.5", "What is half of five?", 1.0),  # no number stated: no evidence
+        ("4.5", "Tom ate 1/2 of 9 pies. How many did he eat?", 1.0),  # a fraction stated
+        ("4.5", "Tom ate 1 / 2 of 9 pies. How many did he eat?", 1.0),
+        ("7.5", "A recipe needs 2 ½ cups for 3 cakes. How many for 9 cakes?", 1.0),
+        ("4.5", "Tom ate 3 of 9 pies. How many are left per 2 plates?", answers.NOT_WHOLE_WEIGHT),
         ("1e30000000", WHOLE_QUESTION, 1.0),  # no number (the bounded parser): counts 1
     ],
 )
