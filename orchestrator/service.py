@@ -255,14 +255,20 @@ class ReasonService:
             calibrator = Calibrators.of([calibrator], default=calibrator)
         self.calibrators = calibrator or Calibrators.load()
         self.max_tool_calls = max_tool_calls
+        # The model the planner serves, as last seen (its responses name it; so does the
+        # readiness probe's GET /info): answers are cached per model, and until one is
+        # known nothing is looked up. None: no planner has answered yet.
+        self.planner_model: str | None = None
 
-    def _answer_cache_key(self, request: ReasonRequest, tenant: str) -> str:
+    def _answer_cache_key(self, request: ReasonRequest, tenant: str, model: str) -> str:
         o = request.options
-        # the calibrators' versions and the vote's rule too: a refit changes confidences
-        # and verdicts, a new rule the answer
+        # the planner's model (another model answers otherwise), the calibrators'
+        # versions (a refit changes confidences and verdicts) and the vote's rule (a new
+        # rule changes the answer)
         return make_key(
             "answer",
             tenant,
+            model,
             normalize_text(request.question),
             o.n_plans,
             o.n_prose,
@@ -319,8 +325,9 @@ class ReasonService:
         started = time.perf_counter()
         deadline = asyncio.get_running_loop().time() + request.options.deadline_s
         trace_id = tracing.current_trace_id()
-        key = self._answer_cache_key(request, tenant)
-        if request.options.use_cache:
+        model = self.planner_model
+        if request.options.use_cache and model is not None:
+            key = self._answer_cache_key(request, tenant, model)
             cached = await self._cached_answer(key, trace_id, started)
             if cached is not None:
                 return cached
@@ -354,7 +361,16 @@ class ReasonService:
                 s.model_copy(update={"contribution": measured.get(s.id)}) for s in response.steps
             ]
         _observe(response, timings, total_ms)
-        if request.options.use_cache and not run.degraded and _cacheable(response, chosen):
+        if run.models:
+            self.planner_model = run.models[0]
+        if (
+            request.options.use_cache
+            and run.models
+            and not run.degraded
+            and _cacheable(response, chosen)
+        ):
+            # under the model that answered, which may not be the one looked up under
+            key = self._answer_cache_key(request, tenant, run.models[0])
             await self.cache.set(key, response.model_dump_json(), self.cache_ttl_s)
         return response
 
@@ -935,34 +951,28 @@ def _vote_answer(answer: str | None) -> str | None:
     return answer[:VOTE_ANSWER_CHARS] + "…"
 
 
-def _counts(attempts: list[Attempt]) -> dict[str, int]:
-    counts: dict[str, int] = {}
-    for a in attempts:
-        k = answer_key(a.answer)
-        if k is not None:
-            counts[k] = counts.get(k, 0) + 1
-    return counts
-
-
 # The vote's counting rule, in the answer cache's key: a cached answer was voted by the
 # rule of its time. Change it with `vote`, `settled` or `services.answers.vote_weight`.
 VOTE_RULE = "whole-weighted/2"
 
 
-def _weights(attempts: list[Attempt], question: str) -> dict[str, float]:
-    """Each answer's votes, each sample's counted by `services.answers.vote_weight` (a
-    number that is not whole, to a question of whole numbers, counts half)."""
+def _tally(attempts: list[Attempt], question: str = "") -> tuple[dict[str, int], dict[str, float]]:
+    """Each answer's samples, and its votes: each sample counted by
+    `services.answers.vote_weight` (a number that is not whole, to a question of whole
+    numbers, counts half)."""
+    counts: dict[str, int] = {}
     weights: dict[str, float] = {}
     for a in attempts:
         k = answer_key(a.answer)
         if k is not None:
+            counts[k] = counts.get(k, 0) + 1
             weights[k] = weights.get(k, 0.0) + vote_weight(a.answer, question)
-    return weights
+    return counts, weights
 
 
 def leading_answers(attempts: list[Attempt], question: str = "") -> set[str]:
     """The answers that lead the vote (several when tied)."""
-    weights = _weights(attempts, question)
+    _, weights = _tally(attempts, question)
     top = max(weights.values(), default=0.0)
     return {k for k, w in weights.items() if w == top}
 
@@ -1031,8 +1041,7 @@ def vote(attempts: list[Attempt], question: str = "") -> tuple[Attempt, int]:
     verifier trusts most, then the one drawn first. Returns the served attempt (the most
     trusted plan of that answer) and how many samples agree with it (unweighted: the
     agreement the confidence is calibrated on)."""
-    counts = _counts(attempts)
-    weights = _weights(attempts, question)
+    counts, weights = _tally(attempts, question)
     if not counts:
         return max(attempts, key=lambda a: a.steps_ok), 0
     order = {k: i for i, k in reversed(list(enumerate(answer_key(a.answer) for a in attempts)))}
@@ -1066,7 +1075,7 @@ def describe_failure(
     if attempt.answer is None:
         verdict = "The plan did not produce an answer."
     elif reason == "low_agreement" and attempts:
-        answers = _counts(attempts)
+        answers, _ = _tally(attempts)
         listed = ", ".join(f"{k!r} ({c} of {len(attempts)})" for k, c in answers.items())
         verdict = f"Plans for this question disagreed on the answer: {listed}."
     else:

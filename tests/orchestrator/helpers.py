@@ -128,6 +128,7 @@ class FakePlanner:
     solve_requests: list[dict[str, Any]] = field(default_factory=list)
     # seconds a request for later samples (`offset` > 0, /plan or /solve) waits first
     more_delay_s: float = 0.0
+    model: str = "fake"  # the model its /plan and /solve responses name
     # GET /info's body (None: 404, a planner from before /info)
     info: dict[str, Any] | None = field(
         default_factory=lambda: {
@@ -177,7 +178,7 @@ class FakePlanner:
             )
             offset = body.get("offset", 0)
             plans = rounds[min(done, len(rounds) - 1)][offset : offset + body.get("n", 1)]
-            return {"plans": plans, "model": "fake", "backend": "fake", "latency_ms": 1.0}
+            return {"plans": plans, "model": self.model, "backend": "fake", "latency_ms": 1.0}
 
         @app.post("/solve")
         async def solve(request: Request) -> Any:
@@ -199,7 +200,12 @@ class FakePlanner:
                 {"text": t, "answer": last_number(t)}
                 for t in texts[offset : offset + body.get("n", 1)]
             ]
-            return {"solutions": solutions, "model": "fake", "backend": "fake", "latency_ms": 1.0}
+            return {
+                "solutions": solutions,
+                "model": self.model,
+                "backend": "fake",
+                "latency_ms": 1.0,
+            }
 
         return app
 

@@ -49,9 +49,9 @@ def test_an_unreadable_cached_answer_is_a_miss(tmp_path, backend) -> None:
     settings = {"redis_url": REDIS_URL} if backend == "redis" else {}
     with running_orchestrator(tmp_path, planner, FakeVerifier(), **settings) as (url, app):
         service = app.state.reason
-        key = service._answer_cache_key(ReasonRequest(question=question), "default")
         first = ask(url, question)
         assert first.status_code == 200 and first.json()["cached"] is False
+        key = service._answer_cache_key(ReasonRequest(question=question), "default", "fake")
         assert ask(url, question).json()["cached"] is True
 
         if backend == "redis":

@@ -238,6 +238,23 @@ def test_answer_cache_hit_keeps_original_trace_and_bypass_works(tmp_path) -> Non
         assert len(planner.requests) == 3
 
 
+def test_a_planner_redeployed_with_another_model_misses_the_old_models_answers(
+    tmp_path,
+) -> None:
+    """Answers are cached per planner model: once the orchestrator has seen the new one
+    (the readiness probe's GET /info, or any planner response), the old answers miss."""
+    planner = FakePlanner(SCRIPT)
+    with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
+        assert ask(url, "ok?")[0].json()["cached"] is False
+        assert ask(url, "ok?")[0].json()["cached"] is True
+        planner.model = "another-model"
+        planner.info = {**planner.info, "model": "another-model"}
+        assert httpx.get(f"{url}/readyz").status_code == 200
+        assert ask(url, "ok?")[0].json()["cached"] is False
+        assert ask(url, "ok?")[0].json()["cached"] is True
+        assert len(planner.requests) == 2
+
+
 def test_tenants_never_share_cached_answers(tmp_path) -> None:
     keys = {"key-aaaaaaaaaaaaaaaa": "tenant-a", "key-bbbbbbbbbbbbbbbb": "tenant-b"}
     planner = FakePlanner(SCRIPT)

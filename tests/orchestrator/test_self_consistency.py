@@ -267,8 +267,9 @@ async def test_the_served_vote_weighs_answers_against_the_question_and_verifies_
 
 
 @pytest.mark.unit
-def test_the_answer_cache_key_changes_with_the_vote_rule(monkeypatch) -> None:
-    """A cached answer was voted by the rule of its time: a new rule misses it."""
+def test_the_answer_cache_key_changes_with_the_vote_rule_and_the_model(monkeypatch) -> None:
+    """A cached answer was voted by the rule of its time and made by one planner model:
+    a new rule, or another model, misses it."""
     import orchestrator.service as service_module
     from orchestrator.cache import MemoryCache
     from orchestrator.tools.registry import ToolRegistry
@@ -277,7 +278,8 @@ def test_the_answer_cache_key_changes_with_the_vote_rule(monkeypatch) -> None:
         planner=None, verifier=None, registry=ToolRegistry(), cache=MemoryCache()
     )
     request = ReasonRequest(question="What is 40 + 2?")
-    key = service._answer_cache_key(request, "default")
-    assert service._answer_cache_key(request, "default") == key
+    key = service._answer_cache_key(request, "default", "m")
+    assert service._answer_cache_key(request, "default", "m") == key
+    assert service._answer_cache_key(request, "default", "another model") != key
     monkeypatch.setattr(service_module, "VOTE_RULE", "another/1")
-    assert service._answer_cache_key(request, "default") != key
+    assert service._answer_cache_key(request, "default", "m") != key
