@@ -4,12 +4,14 @@ Input: result lines of `reason eval run` over the GSM8K train dev split
 (`scripts/eval_dev.sh`; never GSM8K test or SVAMP). Each line gives the request's signals
 (agreement among the served round's plans, plans drawn, whether the served plan ran
 to the end, the verifier's score) and whether the answer was right. Two logistic models
-are fitted on the same lines, one with the verifier's score and one without it, and the
-`verified` threshold is the lowest confidence at which the dev answers above it are
-right at least `--precision` of the time. Output: the versioned artifact the
-orchestrator loads (orchestrator/calibration/answer-confidence.json). Its `dev_metrics`
-are in-sample, and, with `--folds` (default 10), cross-validated: each dev answer scored
-by the calibrator fitted on the other folds, the estimate to expect on unseen answers.
+are fitted on the same lines, one with the verifier's score and one without it. With
+`--folds` (default 10) each dev answer is also scored by the calibrator fitted on the
+other folds, the estimate to expect on unseen answers; the `verified` threshold is the
+lowest of those confidences at which the dev answers at or above it are right at least
+`--precision` of the time, counted by the one-sided Wilson lower bound at `--bound`
+(default 0.9) rather than the observed share. Output: the versioned artifact the
+orchestrator loads (orchestrator/calibration/answer-confidence.json), with in-sample and
+cross-validated `dev_metrics` and the threshold's dev precision and coverage.
 
     python -m training.fit_confidence docs/eval/dev/*.jsonl --plan-format json \
         --out orchestrator/calibration/answer-confidence.json
@@ -26,11 +28,13 @@ import json
 import sys
 from datetime import UTC, datetime
 from pathlib import Path
+from statistics import NormalDist
 from typing import Any
 
 import numpy as np
 
 from evals.data import iter_results
+from evals.stats import wilson_interval
 from orchestrator.confidence import ARTIFACT_FORMAT, FEATURES, Calibrator, features
 from services.schemas import Signals
 from training.metrics import auroc, brier, ece
@@ -102,17 +106,26 @@ def choose_l2(x: np.ndarray, y: np.ndarray, grid: tuple[float, ...] = L2_GRID) -
 
 
 def choose_threshold(
-    probs: list[float], labels: list[bool], precision: float, min_covered: int = 1
+    probs: list[float],
+    labels: list[bool],
+    precision: float,
+    min_covered: int = 1,
+    z: float = 0.0,
 ) -> float:
     """The lowest confidence at which the answers at or above it (at least `min_covered`
     of them) are right at least `precision` of the time; 1.0 (nothing verified) when no
-    such point exists."""
+    such point exists. With `z` > 0 the precision counted is the lower end of its
+    one-sided Wilson interval, `z` standard errors below the observed share: the lowest
+    point that only just reaches the target on a few hundred dev answers sits where the
+    answers below it are mostly wrong, and falls short of it on answers not yet seen."""
     pairs = sorted(zip(probs, labels, strict=True), reverse=True)
     best = 1.0
     right = 0
     for k, (p, y) in enumerate(pairs, 1):
         right += y
-        if k >= min_covered and right / k >= precision and (k == len(pairs) or pairs[k][0] < p):
+        if k < min_covered or (k < len(pairs) and pairs[k][0] == p):
+            continue  # a threshold takes every answer of its confidence, or none
+        if wilson_interval(right, k, z)[0] >= precision:
             best = p
     return float(best)
 
@@ -172,6 +185,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--plan-format", required=True, help="the planner's PLANNER_PLAN_FORMAT")
     parser.add_argument("--precision", type=float, default=0.9)
     parser.add_argument(
+        "--bound",
+        type=float,
+        default=0.9,
+        help="one-sided confidence that the threshold's precision is at least --precision "
+        "(its Wilson lower bound; 0.5: the observed share)",
+    )
+    parser.add_argument(
         "--l2", type=float, default=None, help="L2 penalty (default: by leave-one-out)"
     )
     parser.add_argument(
@@ -223,12 +243,18 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     calibrator = Calibrator.from_dict(artifact)
     probs = [calibrator.confidence(s, answered=True) for s, _ in rows]
     ys = [bool(v) for v in labels]
+    l2s = {name: r["l2"] for name, r in report.items()}
+    # the threshold is chosen on what the fit promises for answers it has not seen:
+    # each dev answer's confidence from the calibrator fitted on the other folds
+    held = cross_validated(rows, l2s, args.folds, args.seed) if args.folds > 1 else None
+    chosen_on = held or probs
     # only an answer the verifier scored can be served `verified` (served_verdict)
     scored = [
-        (p, y) for (s, _), p, y in zip(rows, probs, ys, strict=True) if s.verifier is not None
+        (p, y) for (s, _), p, y in zip(rows, chosen_on, ys, strict=True) if s.verifier is not None
     ]
+    z = NormalDist().inv_cdf(args.bound)
     threshold = choose_threshold(
-        [p for p, _ in scored], [y for _, y in scored], args.precision, args.min_verified
+        [p for p, _ in scored], [y for _, y in scored], args.precision, args.min_verified, z
     )
     covered = [y for p, y in scored if threshold < 1.0 and p >= threshold]
     artifact["threshold"] = threshold
@@ -247,16 +273,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ece": round(ece(probs, ys), 4),
         "brier": round(brier(probs, ys), 4),
         "auroc": round(auroc(probs, ys), 4) if 0 < sum(ys) < len(ys) else None,
-        "precision_target": args.precision,
-        "verified_precision": round(sum(covered) / len(covered), 4) if covered else None,
-        "verified_coverage": round(len(covered) / len(ys), 4),  # of all answered lines
         "note": "in-sample, on the dev split the calibrator was fitted on",
         **report,
     }
-    if args.folds > 1:
-        held = cross_validated(
-            rows, {name: r["l2"] for name, r in report.items()}, args.folds, args.seed
-        )
+    if held is not None:
         artifact["dev_metrics"]["cross_validated"] = {
             "folds": args.folds,
             "seed": args.seed,
@@ -265,6 +285,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "auroc": round(auroc(held, ys), 4) if 0 < sum(ys) < len(ys) else None,
             "note": "each answer scored by the calibrator fitted on the other folds",
         }
+    artifact["dev_metrics"]["threshold"] = {
+        "precision_target": args.precision,
+        "bound": args.bound,
+        "chosen_on": "cross_validated" if held is not None else "in-sample",
+        "verified_precision": round(sum(covered) / len(covered), 4) if covered else None,
+        "verified_coverage": round(len(covered) / len(ys), 4),  # of all answered lines
+        "note": "the lowest confidence whose dev answers at or above it are right at least "
+        "precision_target of the time, by the one-sided Wilson lower bound at `bound`",
+    }
     artifact["command"] = "python -m training.fit_confidence " + " ".join(
         sys.argv[1:] if argv is None else argv
     )

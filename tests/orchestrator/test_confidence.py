@@ -7,6 +7,7 @@ import json
 import math
 import random
 from pathlib import Path
+from statistics import NormalDist
 
 import httpx
 import pytest
@@ -127,6 +128,20 @@ def test_the_threshold_covers_a_minimum_of_answers() -> None:
     assert choose_threshold(probs, labels, 0.9, min_covered=2) == 1.0
 
 
+@pytest.mark.unit
+def test_a_bounded_threshold_leaves_out_a_margin_that_only_just_keeps_the_precision() -> None:
+    """45 dev answers: 30 right at 0.9, then 8 of 10 at 0.8 and 3 of 5 at 0.7. Down to 0.7
+    41 of 45 are right (91%), so the observed share takes 0.7, where 5 of the last 15
+    are wrong; the share's one-sided 90% Wilson lower bound stays above 0.9 only at
+    0.9."""
+    probs = [0.9] * 30 + [0.8] * 10 + [0.7] * 5
+    labels = [True] * 38 + [False] * 2 + [True] * 3 + [False] * 2
+    assert choose_threshold(probs, labels, 0.9) == 0.7
+    z = NormalDist().inv_cdf(0.9)
+    assert choose_threshold(probs, labels, 0.9, z=z) == 0.9
+    assert choose_threshold(probs[:10], labels[:10], 0.9, z=z) == 1.0  # 10 of 10: too few
+
+
 def dev_lines(n: int = 200, seed: int = 0, dataset: str = "gsm8k-train-dev") -> list[dict]:
     """Synthetic dev-split lines where agreement predicts correctness."""
     rng = random.Random(seed)
@@ -178,7 +193,9 @@ def test_the_fit_learns_agreement_and_keeps_the_precision(tmp_path: Path) -> Non
     assert ece(probs, labels) < 0.05
     verified = [y for p, y in zip(probs, labels, strict=True) if p >= calibrator.threshold]
     assert calibrator.threshold < 1 and verified
-    assert sum(verified) / len(verified) >= 0.7
+    # chosen on held-out folds with a lower bound, the precision holds on new runs
+    assert sum(verified) / len(verified) >= 0.8
+    assert artifact["dev_metrics"]["threshold"]["chosen_on"] == "cross_validated"
 
 
 @pytest.mark.unit
