@@ -133,8 +133,6 @@ def create_app(
             model = ModelInfo.model_validate(r.json()).model
         except (httpx.HTTPError, ValueError):
             return ""  # a planner without /info, or a passing fault: the next probe asks
-        # a planner redeployed with another model: its answers are cached apart from now
-        app.state.reason.planner_model = model
         calibrators = app.state.reason.calibrators
         if calibrators.fitted_for(model) is not False:
             return ""

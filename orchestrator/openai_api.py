@@ -29,7 +29,7 @@ import structlog
 from fastapi import APIRouter, Depends, Request
 from pydantic import ValidationError
 
-from orchestrator.service import ReasonService
+from orchestrator.service import ReasonService, fetch_info
 from services import tracing
 from services.app import cancel_on_disconnect, event_stream
 from services.errors import (
@@ -55,7 +55,6 @@ from services.openai_schemas import (
     PipelineMetadata,
 )
 from services.schemas import (
-    ModelInfo,
     PlanEvent,
     ReasonOptions,
     ReasonRequest,
@@ -68,7 +67,6 @@ from services.schemas import (
 
 log = structlog.get_logger("orchestrator")
 
-INFO_TIMEOUT_S = 1.0  # GET /info of the planner and the verifier, for /v1/models
 CLIP_CHARS = 200  # a step's input and output in the reasoning text (in full in `reason`)
 
 
@@ -83,7 +81,7 @@ class ChatServing:
 
     async def models(self) -> ModelList:
         planner, verifier = await asyncio.gather(
-            _info(self.reason.planner), _info(self.reason.verifier)
+            fetch_info(self.reason.planner), fetch_info(self.reason.verifier)
         )
         metadata = PipelineMetadata(
             description=(
@@ -290,15 +288,6 @@ class ChatStream:
 
 def completion_id(trace_id: str) -> str:
     return f"chatcmpl-{trace_id}"
-
-
-async def _info(client: Any) -> ModelInfo | None:
-    """A service's GET /info, or None when it does not answer in time or in shape (an
-    older service without /info, one that is down)."""
-    try:
-        return ModelInfo.model_validate(await client.get_json("/info", timeout_s=INFO_TIMEOUT_S))
-    except (ServiceError, ValidationError):
-        return None
 
 
 # --------------------------------------------------------------------------- text

@@ -32,6 +32,7 @@ from typing import Any, Literal
 
 import structlog
 from prometheus_client import Counter, Histogram
+from pydantic import ValidationError
 
 from orchestrator.cache import Cache, cache_get, make_key
 from orchestrator.confidence import Calibrator, Calibrators
@@ -57,6 +58,7 @@ from services.schemas import (
     STREAM_EVENT_NAMES,
     VOTE_ANSWER_CHARS,
     Agreement,
+    ModelInfo,
     Plan,
     PlanEvent,
     PlanResponse,
@@ -106,6 +108,11 @@ STAGES = ("plan", "solve", "execute", "verify", "contribute")
 # tool calls the counterfactual runs of one request may make (option `contributions`),
 # out of what is left of its tool-call budget
 CONTRIBUTION_MAX_CALLS = 24
+# The planner's GET /info names the model it serves; answers are cached per model, and the
+# orchestrator asks again when its last answer is older than this (a planner redeployed
+# with another model: its old answers miss within this many seconds)
+INFO_TTL_S = 5.0
+INFO_TIMEOUT_S = 1.0  # GET /info of the planner and the verifier
 
 
 EventCallback = Callable[[str, StreamEvent], Awaitable[None] | None]
@@ -255,10 +262,25 @@ class ReasonService:
             calibrator = Calibrators.of([calibrator], default=calibrator)
         self.calibrators = calibrator or Calibrators.load()
         self.max_tool_calls = max_tool_calls
-        # The model the planner serves, as last seen (its responses name it; so does the
-        # readiness probe's GET /info): answers are cached per model, and until one is
-        # known nothing is looked up. None: no planner has answered yet.
+        # The model the planner serves, by its GET /info (`planner_model_now`), or, from a
+        # planner without /info, as its last response named it. None: not known yet, and
+        # no cached answer is looked up.
         self.planner_model: str | None = None
+        self._info_asked = -INFO_TTL_S  # monotonic time of the last GET /info
+        self._info_answers = False  # whether the planner has answered GET /info
+
+    async def planner_model_now(self) -> str | None:
+        """The model the planner serves: its GET /info, asked at most every INFO_TTL_S
+        (one request asks, the others meanwhile take the last answer), the last answer
+        when it does not answer in time."""
+        now = time.monotonic()
+        if now - self._info_asked >= INFO_TTL_S:
+            self._info_asked = now
+            info = await fetch_info(self.planner)
+            if info is not None:
+                self.planner_model = info.model
+                self._info_answers = True
+        return self.planner_model
 
     def _answer_cache_key(self, request: ReasonRequest, tenant: str, model: str) -> str:
         o = request.options
@@ -325,8 +347,8 @@ class ReasonService:
         started = time.perf_counter()
         deadline = asyncio.get_running_loop().time() + request.options.deadline_s
         trace_id = tracing.current_trace_id()
-        model = self.planner_model
-        if request.options.use_cache and model is not None:
+        model = await self.planner_model_now() if request.options.use_cache else None
+        if model is not None:
             key = self._answer_cache_key(request, tenant, model)
             cached = await self._cached_answer(key, trace_id, started)
             if cached is not None:
@@ -361,11 +383,11 @@ class ReasonService:
                 s.model_copy(update={"contribution": measured.get(s.id)}) for s in response.steps
             ]
         _observe(response, timings, total_ms)
-        if run.models:
-            self.planner_model = run.models[0]
+        if run.models and not self._info_answers:
+            self.planner_model = run.models[0]  # a planner without /info
         if (
             request.options.use_cache
-            and run.models
+            and len(run.models) == 1  # one model made it (not a rollout's two replicas)
             and not run.degraded
             and _cacheable(response, chosen)
         ):
@@ -1018,6 +1040,15 @@ def settled(answers: list[str | None], n: int, weights: list[float] | None = Non
             totals[k] = totals.get(k, 0.0) + w
     leader, runner_up = [*sorted(totals.values(), reverse=True), 0.0, 0.0][:2]
     return leader > runner_up + (n - len(answers))
+
+
+async def fetch_info(client: Any) -> ModelInfo | None:
+    """A service's GET /info, or None when it does not answer in time or in shape (an
+    older service without /info, one that is down)."""
+    try:
+        return ModelInfo.model_validate(await client.get_json("/info", timeout_s=INFO_TIMEOUT_S))
+    except (ServiceError, ValidationError):
+        return None
 
 
 async def _nothing() -> list[Any]:

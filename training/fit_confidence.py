@@ -130,6 +130,14 @@ def choose_threshold(
     return float(best)
 
 
+def _bound(text: str) -> float:
+    """--bound: a one-sided confidence level in [0.5, 1) (0.5: the observed share)."""
+    value = float(text)
+    if not 0.5 <= value < 1.0:
+        raise argparse.ArgumentTypeError(f"{value} is not in [0.5, 1)")
+    return value
+
+
 Rows = list[tuple[Signals, bool]]
 MODELS = (
     ("with_verifier", FEATURES, lambda s: s.verifier is not None),
@@ -186,7 +194,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--precision", type=float, default=0.9)
     parser.add_argument(
         "--bound",
-        type=float,
+        type=_bound,
         default=0.9,
         help="one-sided confidence that the threshold's precision is at least --precision "
         "(its Wilson lower bound; 0.5: the observed share)",
@@ -198,7 +206,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "--min-verified", type=int, default=5, help="dev answers the threshold must cover"
     )
     parser.add_argument(
-        "--folds", type=int, default=10, help="cross-validation folds for dev_metrics (0: none)"
+        "--folds",
+        type=int,
+        default=10,
+        help="cross-validation folds for dev_metrics and the threshold (0: none, and the "
+        "threshold chosen on the in-sample confidences)",
     )
     parser.add_argument("--seed", type=int, default=0, help="of the cross-validation folds")
     parser.add_argument("--version", default=datetime.now(UTC).strftime("%Y-%m-%d"))
@@ -247,7 +259,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     # the threshold is chosen on what the fit promises for answers it has not seen:
     # each dev answer's confidence from the calibrator fitted on the other folds
     held = cross_validated(rows, l2s, args.folds, args.seed) if args.folds > 1 else None
-    chosen_on = held or probs
+    chosen_on = held if held is not None else probs
     # only an answer the verifier scored can be served `verified` (served_verdict)
     scored = [
         (p, y) for (s, _), p, y in zip(rows, chosen_on, ys, strict=True) if s.verifier is not None
@@ -257,6 +269,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         [p for p, _ in scored], [y for _, y in scored], args.precision, args.min_verified, z
     )
     covered = [y for p, y in scored if threshold < 1.0 and p >= threshold]
+    # what the shipped calibrator itself verifies of the same dev answers
+    served = [
+        y
+        for (s, _), p, y in zip(rows, probs, ys, strict=True)
+        if s.verifier is not None and threshold < 1.0 and p >= threshold
+    ]
     artifact["threshold"] = threshold
     artifact["fitted_for"] = {
         "planner_models": sorted(planner_models),
@@ -273,7 +291,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "ece": round(ece(probs, ys), 4),
         "brier": round(brier(probs, ys), 4),
         "auroc": round(auroc(probs, ys), 4) if 0 < sum(ys) < len(ys) else None,
-        "note": "in-sample, on the dev split the calibrator was fitted on",
+        "note": "ece, brier, auroc: in-sample, on the dev split the calibrator was fitted on",
         **report,
     }
     if held is not None:
@@ -291,8 +309,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "chosen_on": "cross_validated" if held is not None else "in-sample",
         "verified_precision": round(sum(covered) / len(covered), 4) if covered else None,
         "verified_coverage": round(len(covered) / len(ys), 4),  # of all answered lines
-        "note": "the lowest confidence whose dev answers at or above it are right at least "
-        "precision_target of the time, by the one-sided Wilson lower bound at `bound`",
+        "in_sample_precision": round(sum(served) / len(served), 4) if served else None,
+        "in_sample_coverage": round(len(served) / len(ys), 4),
+        "note": "the lowest confidence (of `chosen_on`) whose dev answers at or above it are "
+        "right at least precision_target of the time, by the one-sided Wilson lower bound "
+        "at `bound`; verified_*: on those confidences, in_sample_*: the shipped "
+        "calibrator's on the same answers",
     }
     artifact["command"] = "python -m training.fit_confidence " + " ".join(
         sys.argv[1:] if argv is None else argv

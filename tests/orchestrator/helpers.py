@@ -128,15 +128,10 @@ class FakePlanner:
     solve_requests: list[dict[str, Any]] = field(default_factory=list)
     # seconds a request for later samples (`offset` > 0, /plan or /solve) waits first
     more_delay_s: float = 0.0
-    model: str = "fake"  # the model its /plan and /solve responses name
-    # GET /info's body (None: 404, a planner from before /info)
+    model: str = "fake-planner"  # the model its /plan and /solve responses name
+    # GET /info's body (None: 404, a planner from before /info); its model: `model`'s
     info: dict[str, Any] | None = field(
-        default_factory=lambda: {
-            "service": "planner",
-            "backend": "fake",
-            "model": "fake-planner",
-            "ready": True,
-        }
+        default_factory=lambda: {"service": "planner", "backend": "fake", "ready": True}
     )
 
     def app(self) -> FastAPI:
@@ -150,7 +145,7 @@ class FakePlanner:
         async def info() -> Any:
             if self.info is None:
                 return JSONResponse({"detail": "Not Found"}, status_code=404)
-            return self.info
+            return {"model": self.model, **self.info}
 
         @app.post("/plan")
         async def plan_(request: Request) -> Any:

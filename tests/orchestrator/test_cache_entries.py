@@ -51,7 +51,7 @@ def test_an_unreadable_cached_answer_is_a_miss(tmp_path, backend) -> None:
         service = app.state.reason
         first = ask(url, question)
         assert first.status_code == 200 and first.json()["cached"] is False
-        key = service._answer_cache_key(ReasonRequest(question=question), "default", "fake")
+        key = service._answer_cache_key(ReasonRequest(question=question), "default", planner.model)
         assert ask(url, question).json()["cached"] is True
 
         if backend == "redis":

@@ -131,7 +131,7 @@ def test_the_threshold_covers_a_minimum_of_answers() -> None:
 @pytest.mark.unit
 def test_a_bounded_threshold_leaves_out_a_margin_that_only_just_keeps_the_precision() -> None:
     """45 dev answers: 30 right at 0.9, then 8 of 10 at 0.8 and 3 of 5 at 0.7. Down to 0.7
-    41 of 45 are right (91%), so the observed share takes 0.7, where 5 of the last 15
+    41 of 45 are right (91%), so the observed share takes 0.7, where 4 of the last 15
     are wrong; the share's one-sided 90% Wilson lower bound stays above 0.9 only at
     0.9."""
     probs = [0.9] * 30 + [0.8] * 10 + [0.7] * 5
@@ -195,7 +195,20 @@ def test_the_fit_learns_agreement_and_keeps_the_precision(tmp_path: Path) -> Non
     assert calibrator.threshold < 1 and verified
     # chosen on held-out folds with a lower bound, the precision holds on new runs
     assert sum(verified) / len(verified) >= 0.8
+    # the threshold is the bounded rule's over the held-out confidences of the scored lines
+    rows = [(Signals(**line["signals"]), bool(line["correct"])) for line in dev_lines(400)]
+    l2s = {
+        name: artifact["dev_metrics"][name]["l2"] for name in ("with_verifier", "without_verifier")
+    }
+    held = cross_validated(rows, l2s, 10, 0)
+    assert artifact["threshold"] == choose_threshold(
+        held, [y for _, y in rows], 0.8, 5, NormalDist().inv_cdf(0.9)
+    )
     assert artifact["dev_metrics"]["threshold"]["chosen_on"] == "cross_validated"
+    in_sample = fit([str(results), "--plan-format", "json", "--out", str(out), "--folds", "0"])
+    assert in_sample["dev_metrics"]["threshold"]["chosen_on"] == "in-sample"
+    with pytest.raises(SystemExit):
+        fit([str(results), "--plan-format", "json", "--out", str(out), "--bound", "0.3"])
 
 
 @pytest.mark.unit
@@ -273,11 +286,7 @@ class NamedPlanner(ScriptedPlanner):
 
     def __init__(self, script: dict, model: str) -> None:
         super().__init__(script)
-        self.model = model
-
-    async def post_json(self, path: str, body: dict, *, timeout_s: float) -> dict:
-        reply = await super().post_json(path, body, timeout_s=timeout_s)
-        return {**reply, "model": self.model}
+        self.model = model  # its /plan responses and GET /info name it
 
 
 @pytest.mark.unit

@@ -239,20 +239,35 @@ def test_answer_cache_hit_keeps_original_trace_and_bypass_works(tmp_path) -> Non
 
 
 def test_a_planner_redeployed_with_another_model_misses_the_old_models_answers(
-    tmp_path,
+    tmp_path, monkeypatch
 ) -> None:
-    """Answers are cached per planner model: once the orchestrator has seen the new one
-    (the readiness probe's GET /info, or any planner response), the old answers miss."""
+    """Answers are cached per planner model, by the planner's GET /info, asked again
+    when the last answer is older than INFO_TTL_S: once it names the new model, the old
+    model's answers miss, with no readiness probe in between."""
+    import orchestrator.service as service_module
+
+    monkeypatch.setattr(service_module, "INFO_TTL_S", 0.0)  # every request asks
     planner = FakePlanner(SCRIPT)
     with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
         assert ask(url, "ok?")[0].json()["cached"] is False
         assert ask(url, "ok?")[0].json()["cached"] is True
-        planner.model = "another-model"
-        planner.info = {**planner.info, "model": "another-model"}
-        assert httpx.get(f"{url}/readyz").status_code == 200
+        planner.model = "another-model"  # its /info and its plans name it
         assert ask(url, "ok?")[0].json()["cached"] is False
         assert ask(url, "ok?")[0].json()["cached"] is True
         assert len(planner.requests) == 2
+
+
+def test_a_planner_without_info_has_its_answers_cached_by_the_model_its_plans_name(
+    tmp_path, monkeypatch
+) -> None:
+    import orchestrator.service as service_module
+
+    monkeypatch.setattr(service_module, "INFO_TTL_S", 0.0)
+    planner = FakePlanner(SCRIPT, info=None)  # GET /info: 404
+    with orchestrator_stack(tmp_path, planner, FakeVerifier()) as url:
+        assert ask(url, "ok?")[0].json()["cached"] is False
+        assert ask(url, "ok?")[0].json()["cached"] is True
+        assert len(planner.requests) == 1
 
 
 def test_tenants_never_share_cached_answers(tmp_path) -> None:

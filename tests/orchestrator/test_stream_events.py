@@ -55,6 +55,7 @@ class ScriptedPlanner:
         self.fail_round = fail_round
         self.fail_always = fail_always  # every request answers as a planner that is down
         self.rounds: dict[str, int] = {}
+        self.model = "fake"
 
     async def post_json(self, path: str, body: dict[str, Any], *, timeout_s: float) -> Any:
         assert path == "/plan", path
@@ -67,7 +68,13 @@ class ScriptedPlanner:
         rounds = self.script[question]
         offset = body.get("offset", 0)
         plans = rounds[min(done, len(rounds) - 1)][offset : offset + body.get("n", 1)]
-        return {"plans": plans, "model": "fake", "backend": "fake", "latency_ms": 1.0}
+        return {"plans": plans, "model": self.model, "backend": "fake", "latency_ms": 1.0}
+
+    async def get_json(self, path: str, *, timeout_s: float) -> Any:
+        assert path == "/info", path
+        if self.fail_always:
+            raise DependencyUnavailable("planner is down")
+        return {"service": "planner", "backend": "fake", "model": self.model, "ready": True}
 
     async def close(self) -> None:
         return None

@@ -122,6 +122,9 @@ async def test_a_failed_reason_request_is_counted_by_its_error_type() -> None:
         async def post_json(self, *a, **kw):
             raise DependencyUnavailable("planner is unreachable")
 
+        async def get_json(self, *a, **kw):
+            raise DependencyUnavailable("planner is unreachable")
+
     from orchestrator.cache import MemoryCache
     from orchestrator.tools.calc import calc
     from orchestrator.tools.registry import Tool, ToolRegistry
