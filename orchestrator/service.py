@@ -975,7 +975,7 @@ def _vote_answer(answer: str | None) -> str | None:
 
 # The vote's counting rule, in the answer cache's key: a cached answer was voted by the
 # rule of its time. Change it with `vote`, `settled` or `services.answers.vote_weight`.
-VOTE_RULE = "whole-weighted/2"
+VOTE_RULE = "whole-weighted/3"  # /3: float noise read away (services.answers.VOTE_DIGITS)
 
 
 def _tally(attempts: list[Attempt], question: str = "") -> tuple[dict[str, int], dict[str, float]]:

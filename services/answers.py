@@ -67,12 +67,43 @@ def answer_number(answer: str | None) -> Fraction | None:
     return parse_number(_bare(answer))
 
 
+# A program's float prints with up to 17 significant digits, and its arithmetic leaves
+# noise in the last of them: `798.6000000000003`, `798.6000000000001` and a solution's
+# `798.6` are one answer, and `30.000000000000004` is whole. The vote reads a decimal
+# written with more significant digits than a float holds exactly (15, C's DBL_DIG) to
+# that many (`answer_key`, `vote_weight`); a decimal of 15 digits or fewer is read as
+# written. `answer_number` stays exact (the evaluation's and the symbolic checks' reading).
+VOTE_DIGITS = 15
+
+
+def _without_float_noise(value: Fraction, answer: str) -> Fraction:
+    """`value`, read to VOTE_DIGITS significant digits when `answer` writes a decimal
+    with more of them (a program's float); exactly otherwise (whole numbers, fractions,
+    short decimals)."""
+    found = NUMBER_RE.search(_bare(answer).replace(",", ""))
+    if found is None or value.denominator == 1:
+        return value
+    mantissa = re.split("[eE]", found.group())[0]
+    if "." not in mantissa or len(mantissa.lstrip("-").replace(".", "").lstrip("0")) <= VOTE_DIGITS:
+        return value
+    try:
+        return Fraction(format(float(value), f".{VOTE_DIGITS}g"))
+    except (OverflowError, ValueError):  # beyond a float's range: it was written exactly
+        return value
+
+
+def _vote_number(answer: str) -> Fraction | None:
+    value = answer_number(answer)
+    return None if value is None else _without_float_noise(value, answer)
+
+
 def answer_key(answer: str | None) -> str | None:
-    """Answers that mean the same number vote together ('72', '72.0', '1,234', '$72');
-    other answers vote by their normalized text ('Paris', ' paris ')."""
+    """Answers that mean the same number vote together ('72', '72.0', '1,234', '$72',
+    and a program's '72.00000000000001'); other answers vote by their normalized text
+    ('Paris', ' paris ')."""
     if answer is None:
         return None
-    value = answer_number(answer)
+    value = _vote_number(answer)
     return str(value) if value is not None else normalize_text(_bare(answer))
 
 
@@ -85,9 +116,11 @@ NOT_WHOLE_WEIGHT = 0.5
 
 
 def _as_written(answer: str) -> Fraction | None:
-    """The answer's number as written: `15%` is 15 (percent), `$1,234` is 1234."""
+    """The answer's number as written, as the vote reads it: `15%` is 15 (percent),
+    `$1,234` is 1234, `30.000000000000004` is 30."""
     bare = _bare(answer)
-    return parse_number(bare[:-1].rstrip() if bare.endswith("%") else bare)
+    value = parse_number(bare[:-1].rstrip() if bare.endswith("%") else bare)
+    return None if value is None else _without_float_noise(value, answer)
 
 
 # A fraction the question states (`1/2 of the pies`, `3 ½ cups`): `numbers` reads

@@ -146,3 +146,41 @@ def test_a_number_that_is_not_whole_counts_half_for_a_question_of_whole_numbers(
 def test_the_replayed_vote_and_the_served_vote_weigh_answers_alike() -> None:
     assert evals.votes.vote_weight is answers.vote_weight
     assert orchestrator.service.vote_weight is answers.vote_weight
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("noisy", "meant"),
+    [
+        ("798.6000000000003", "798.6"),  # a program's float arithmetic, 16 digits
+        ("798.6000000000001", "798.6000000000003"),
+        ("-0.30000000000000004", "-0.3"),
+        ("0.7999999999999999", "0.8"),
+        ("15.000000000000002%", "15%"),
+        ("30.000000000000004", "30"),
+    ],
+)
+def test_a_programs_float_noise_does_not_split_the_vote(noisy: str, meant: str) -> None:
+    assert answers.answer_key(noisy) == answers.answer_key(meant)
+
+
+@pytest.mark.unit
+@pytest.mark.parametrize(
+    ("one", "other"),
+    [
+        ("1234567890123.5", "1234567890123"),  # 14 digits: as written
+        ("0.333333333333333", "0.333333333333334"),  # 15 digits: as written
+        ("123456789012345678", "123456789012345679"),  # whole: exact, however long
+        ("1/3", "0.3333333333333333"),  # a fraction is not a decimal
+    ],
+)
+def test_answers_a_float_tells_apart_still_vote_apart(one: str, other: str) -> None:
+    assert answers.answer_key(one) != answers.answer_key(other)
+
+
+@pytest.mark.unit
+def test_a_whole_answer_with_float_noise_counts_whole_and_the_exact_reading_stays() -> None:
+    assert answers.vote_weight("30.000000000000004", WHOLE_QUESTION) == 1.0
+    assert answers.vote_weight("30.5", WHOLE_QUESTION) == answers.NOT_WHOLE_WEIGHT
+    # what the evaluation and the symbolic checks read is the number as written
+    assert answers.answer_number("30.000000000000004") == Fraction("30.000000000000004")
