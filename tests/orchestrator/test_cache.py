@@ -15,7 +15,7 @@ from orchestrator.cache import MemoryCache, RedisCache, make_key
 from orchestrator.tools.base import ToolContext
 from orchestrator.tools.registry import Tool, ToolRegistry
 from services.schemas import ToolSpec
-from tests.conftest import REDIS_URL, free_port
+from tests.conftest import REDIS_TEST_TIMEOUT_S, REDIS_URL, free_port
 
 
 class Counting:
@@ -44,7 +44,7 @@ def registry(cache: Any, ttl_s: float) -> tuple[ToolRegistry, Counting]:
 
 @pytest.mark.integration
 async def test_tool_results_are_cached_in_redis_per_tenant_with_ttl() -> None:
-    cache = RedisCache(REDIS_URL)
+    cache = RedisCache(REDIS_URL, timeout_s=REDIS_TEST_TIMEOUT_S)
     try:
         reg, fn = registry(cache, ttl_s=0.5)
         name = reg.names[0]

@@ -12,7 +12,7 @@ import redis
 
 from orchestrator.cache import MemoryCache, RedisCache, cache_get
 from services.schemas import ReasonRequest
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_TEST_TIMEOUT_S, REDIS_URL
 from tests.orchestrator.helpers import FakePlanner, FakeVerifier, plan, running_orchestrator
 
 pytestmark = [pytest.mark.integration]
@@ -93,7 +93,7 @@ def test_an_unreadable_cached_answer_is_a_miss(tmp_path, backend) -> None:
 
 
 async def test_cache_get_deletes_what_it_cannot_read() -> None:
-    caches = [MemoryCache(), RedisCache(REDIS_URL)]
+    caches = [MemoryCache(), RedisCache(REDIS_URL, timeout_s=REDIS_TEST_TIMEOUT_S)]
     key = f"reason:v1:test:{uuid.uuid4().hex}"
     try:
         for cache in caches:

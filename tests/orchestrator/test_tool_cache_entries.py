@@ -12,7 +12,7 @@ from structlog.testing import capture_logs
 
 from orchestrator.cache import Cache, MemoryCache, RedisCache
 from orchestrator.tools.base import ToolContext
-from tests.conftest import REDIS_URL
+from tests.conftest import REDIS_TEST_TIMEOUT_S, REDIS_URL
 from tests.orchestrator.test_registry import build
 
 pytestmark = [pytest.mark.integration]
@@ -27,7 +27,11 @@ UNREADABLE = {
 
 
 def make_cache(backend: str) -> Cache:
-    return RedisCache(REDIS_URL) if backend == "redis" else MemoryCache()
+    return (
+        RedisCache(REDIS_URL, timeout_s=REDIS_TEST_TIMEOUT_S)
+        if backend == "redis"
+        else MemoryCache()
+    )
 
 
 @pytest.mark.parametrize("backend", ["memory", "redis"])
