@@ -23,6 +23,9 @@ from verifier.backends.base import Claim
 from verifier.backends.model import ModelVerifier
 
 REPO = Path(__file__).resolve().parents[1]
+# the held-out splits scored for the symbolic record, where the data directory has them
+# (training.data writes both; pipeline claims from training.sample_pipeline only test)
+SPLITS = ("test", "gsm8k_test")
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -73,10 +76,12 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--no-model", action="store_true", help="symbolic figures only")
     args = parser.parse_args()
+    splits = [s for s in SPLITS if (args.data / f"{s}.jsonl").exists()]
+    if "test" not in splits:
+        parser.error(f"{args.data} has no test.jsonl (the claims timed)")
     figures: dict = {
-        "symbolic": {
-            s: symbolic_record(read_jsonl(args.data / f"{s}.jsonl")) for s in ("test", "gsm8k_test")
-        }
+        "data": str(args.data),
+        "symbolic": {s: symbolic_record(read_jsonl(args.data / f"{s}.jsonl")) for s in splits},
     }
     if not args.no_model:
         backend = ModelVerifier(VerifierSettings(backend="model"))
