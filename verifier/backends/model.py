@@ -35,7 +35,11 @@ log = structlog.get_logger("verifier")
 
 ADAPTERS_DIR = Path(__file__).resolve().parents[1] / "adapters"
 # Catalog models with an adapter committed in this repository.
-EMBEDDED_ADAPTERS = {"smollm2-135m-instruct": ADAPTERS_DIR / "smollm2-135m-instruct"}
+# SmolLM2's (v3) is the default; Qwen's was trained on the pipeline's own executed plans
+# (docs/benchmarks/verifier.md, "Third round").
+EMBEDDED_ADAPTERS = {
+    name: ADAPTERS_DIR / name for name in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
+}
 CPU_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
