@@ -47,7 +47,8 @@ def test_each_rule_serves_its_sample_and_the_oracle_is_the_headroom() -> None:
     # q1: first 5, majority 5 (with 5.0), best 7 (0.9), weighted 7 (0.9 > 0.2 + 0.3);
     # q2: all right; q3: none right
     assert got["questions"] == 3  # q4 has one plan only
-    assert got["right"] == {"first": 1, "majority": 1, "best": 2, "weighted": 2, "oracle": 2}
+    votes = {rule: got["right"][rule] for rule in (*rerank.VOTE_RULES, "oracle")}
+    assert votes == {"first": 1, "majority": 1, "best": 2, "weighted": 2, "oracle": 2}
     assert got["accuracy"]["best"] == pytest.approx(2 / 3, abs=1e-4)
     # 8 distinct claims (q3's sample without an answer has none), 3 of them right;
     # positives 0.9, 0.2, 0.9 against negatives 0.2, 0.3, 0.3, 0.9, 0.3: 9.5 of 15 pairs
@@ -81,3 +82,59 @@ def test_a_question_without_any_answer_counts_as_wrong_for_every_rule() -> None:
     got = rerank.rerank(rows, lambda claims: [], k=3, kinds=["plan"])
     assert got["questions"] == 1 and sum(got["right"].values()) == 0
     assert got["auroc"] is None and got["claims"] == 0
+
+
+def test_plan_replans_only_without_an_answer_and_plan_verify_also_on_rejection() -> None:
+    got = rerank.rerank(ROWS, scorer, k=3, kinds=["plan"], threshold=0.5, rounds=3)
+    # q1: plan serves the first plan (5, wrong, 1 drawn); plan+verify rejects it (0.2)
+    # and accepts the second (7, 0.9, right, 2 drawn).
+    # q2: plan 3 (right, 1); plan+verify rejects 3 (0.2), accepts 3 at 0.9 (right, 2).
+    # q3: plan replans the empty first plan and serves 8 (wrong, 2); plan+verify: 8 at
+    # 0.9 accepted (wrong, 2).
+    assert (got["right"]["plan"], got["right"]["plan+verify"]) == (1, 2)
+    assert got["samples_drawn"] == {"plan": pytest.approx(4 / 3, abs=1e-3), "plan+verify": 2.0}
+
+
+def test_when_every_round_is_rejected_the_most_trusted_answer_is_served() -> None:
+    q1 = [r for r in ROWS if r["id"] == "q1"]
+    # all three under the threshold: the 7 scored 0.4 beats 0.2 and 0.3
+    got = rerank.rerank(q1, lambda claims: [0.2, 0.4, 0.3], k=3, kinds=["plan"], rounds=3)
+    assert got["right"]["plan+verify"] == 1 and got["samples_drawn"]["plan+verify"] == 3
+    # with one round only, plan+verify has nothing to replan with: the first plan
+    one = rerank.rerank(q1, lambda claims: [0.2, 0.4, 0.3], k=3, kinds=["plan"], rounds=1)
+    assert one["right"]["plan+verify"] == 0 and one["samples_drawn"]["plan+verify"] == 1
+    with pytest.raises(ValueError, match="rounds"):
+        rerank.rerank(q1, lambda claims: [0.2, 0.4, 0.3], k=3, kinds=["plan"], rounds=4)
+
+
+def test_a_report_replays_from_its_saved_scores_without_the_model() -> None:
+    first = rerank.rerank(ROWS, scorer, k=3, kinds=["plan"])
+    saved = rerank.saved_scores(first)
+    assert saved[("q1", "plan", 1)] == 0.9 and ("q3", "plan", 0) not in saved  # no claim
+    again = rerank.rerank(ROWS, None, k=3, kinds=["plan"], saved=saved)
+    assert again["right"] == first["right"] and again["auroc"] == first["auroc"]
+    # another threshold, the same scores: 0.95 rejects every plan of q1 and q2, and
+    # the most trusted (0.9) is served, still right
+    strict = rerank.rerank(ROWS, None, k=3, kinds=["plan"], saved=saved, threshold=0.95)
+    assert strict["right"]["plan+verify"] == 2 and strict["samples_drawn"]["plan+verify"] == 3
+    del saved[("q2", "plan", 2)]
+    with pytest.raises(ValueError, match="no saved score"):
+        rerank.rerank(ROWS, None, k=3, kinds=["plan"], saved=saved)
+
+
+def test_the_command_replays_a_report_and_refuses_ambiguous_sources(tmp_path) -> None:
+    import json
+
+    samples = tmp_path / "samples.jsonl"
+    samples.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    report = tmp_path / "report.json"
+    report.write_text(json.dumps(rerank.rerank(ROWS, scorer, k=3, kinds=["plan"])))
+    out = tmp_path / "replay.json"
+    args = ["--samples", str(samples), "--k", "3", "--scores-from", str(report)]
+    assert rerank.main([*args, "--threshold", "0.95", "--out", str(out)]) == 0
+    replay = json.loads(out.read_text())
+    assert replay["threshold"] == 0.95 and replay["right"]["plan+verify"] == 2
+    with pytest.raises(SystemExit):
+        rerank.main([*args, "--base-model", "x"])  # both sources
+    with pytest.raises(SystemExit):
+        rerank.main([*args, "--rounds", "4"])  # more rounds than samples
