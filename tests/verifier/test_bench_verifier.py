@@ -18,7 +18,10 @@ ROOT = Path(__file__).resolve().parents[2]
 def bench(data: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [sys.executable, "-m", "scripts.bench_verifier", "--data", str(data), "--no-model"],
-        cwd=ROOT, capture_output=True, text=True, timeout=120,
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
     )
 
 
