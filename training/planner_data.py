@@ -30,7 +30,6 @@ Every kept plan has weight 1.0; down-weighting steps by their counterfactual con
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 from collections import Counter
 from collections.abc import Iterable, Sequence
@@ -41,7 +40,7 @@ from typing import Any
 from orchestrator.contribution import void_steps
 from orchestrator.executor import Execution
 from services.schemas import Plan, StepResult
-from training.sample_pipeline import read_samples
+from training.sample_pipeline import hash_share, read_samples
 
 RULES = ("no_plan", "wrong", "void", "duplicate")
 RECIPE = "planner-sft/1"  # bump when what an example holds, or how it is chosen, changes
@@ -56,8 +55,7 @@ class Split:
 
 
 def split_of(question_id: str, split: Split) -> str:
-    digest = hashlib.sha256(f"{split.seed}:{question_id}".encode()).digest()
-    return "val" if int.from_bytes(digest[:8], "big") / 2**64 < split.val else "train"
+    return "val" if hash_share(split.seed, question_id) < split.val else "train"
 
 
 def execution_of(sample: dict[str, Any]) -> Execution:

@@ -28,6 +28,7 @@ service's first plan is greedy and a replan sees the failed attempt as feedback;
 the verifier's own verdict stands in for the served one (where the answer calibrator
 can overrule it). Both modes see the same samples, so the difference between them is
 the verifier's alone. `samples_drawn` reports what each costs in plans.
+
 Each distinct claim is scored once by the verifier's model (base model with or without
 the adapter; the adapter's `calibration.json` turns its logit into a probability, as the
 verifier service's model method does; the service's symbolic checks, which decide some
@@ -164,7 +165,7 @@ def rerank(
                 claims.setdefault(claim_key(s["claim"]), s)
     keys = list(claims)
     if saved is not None:
-        missing = [sample_key(claims[key]) for key in keys if sample_key(claims[key]) not in saved]
+        missing = [sk for sk in (sample_key(claims[key]) for key in keys) if sk not in saved]
         if missing:
             raise ValueError(f"{len(missing)} samples have no saved score, e.g. {missing[0]}")
         probs = [saved[sample_key(claims[key])] for key in keys]
@@ -275,8 +276,6 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.k < 1:
         parser.error("--k must be at least 1")
-    if not 1 <= args.rounds <= args.k:
-        parser.error("--rounds must be between 1 and --k")
     if (args.base_model is None) == (args.scores_from is None):
         parser.error("give --base-model (score with the model) or --scores-from (replay)")
     rows = [r for path in args.samples for r in iter_records(path, "id", "label")]

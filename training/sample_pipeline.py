@@ -395,9 +395,15 @@ class ClaimSplit:
     test: float = 0.15  # share of questions whose claims go to test (held out)
 
 
+def hash_share(seed: int, question_id: str) -> float:
+    """A question's fixed place in [0, 1), from a hash of (seed, id): splits by question
+    that do not move when files grow or are reordered."""
+    digest = hashlib.sha256(f"{seed}:{question_id}".encode()).digest()
+    return int.from_bytes(digest[:8], "big") / 2**64
+
+
 def split_of(question_id: str, recipe: ClaimSplit) -> str:
-    digest = hashlib.sha256(f"{recipe.seed}:{question_id}".encode()).digest()
-    u = int.from_bytes(digest[:8], "big") / 2**64
+    u = hash_share(recipe.seed, question_id)
     return "val" if u < recipe.val else "test" if u < recipe.val + recipe.test else "train"
 
 
