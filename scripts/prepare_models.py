@@ -1,6 +1,6 @@
 """Prepare and verify the production models in a model volume.
 
-    prepare_models.py planner  --dest /models [--from DIR | --repo ID | --quantize-from DIR_OR_ID]
+    prepare_models.py planner  --dest /models [--from DIR | --repo ID]
     prepare_models.py verifier --dest /models [--base-from DIR | --base-repo ID] --adapter-from DIR
     prepare_models.py all      --dest /models ...
     prepare_models.py planner|verifier|all --dest /models --verify-only
@@ -15,11 +15,11 @@ Sources for the planner, in the order an operator usually has them:
   --from DIR            an AWQ checkpoint already on disk (copied, then verified);
   --repo ID             an AWQ checkpoint on the Hugging Face hub (needs network and
                         huggingface_hub; pin --revision to a commit);
-  --quantize-from SRC   quantize full-precision Phi-3.5-mini-instruct (a directory or a
-                        hub id) with llm-compressor's AWQModifier (W4A16). This writes
-                        the compressed-tensors format: vLLM detects it from config.json,
-                        so set PLANNER_QUANTIZATION=compressed-tensors (the script says
-                        so). Needs llmcompressor and a GPU for a reasonable run time.
+To quantize full-precision Phi-3.5-mini-instruct yourself, run `python -m
+training.quantize_awq` (llm-compressor's AWQModifier, calibrated on GSM8K train plans, in
+its own venv; a GPU for a reasonable run time) and pass its output with --from. It writes
+the compressed-tensors format, so set PLANNER_QUANTIZATION=compressed-tensors (this
+script says so when it prepares such a checkpoint).
 
 Every prepared directory gets `.reason-manifest.json` (source, quantization, size and
 sha256 of every file). A second run with the same source finds the manifest, re-checks
@@ -27,7 +27,7 @@ the files and does nothing else; `--verify-only` (the images' entry point) never
 Verification reads config.json and the safetensors headers (every tensor's byte range
 must lie inside its file, every shard named by the index must exist), so a truncated
 download or a wrong model family is refused before the engine tries to load it.
-Standard library only, apart from the optional hub download and quantization.
+Standard library only, apart from the optional hub download.
 """
 
 from __future__ import annotations
@@ -156,7 +156,7 @@ def check_model_dir(directory: Path, target: Target) -> dict[str, Any]:
         else:
             raise PrepareError(
                 f"{directory}: not a 4-bit AWQ checkpoint (quantization_config.quant_method="
-                f"{method!r}); use an AWQ checkpoint or --quantize-from"
+                f"{method!r}); use an AWQ checkpoint or quantize one with training.quantize_awq"
             )
         facts["quantization"] = method
     if not any((directory / name).is_file() for name in ("tokenizer.json", "tokenizer.model")):
@@ -301,71 +301,6 @@ def from_hub(repo: str, revision: str | None, dest: Path, target: Target) -> dic
         raise PrepareError(f"download of {repo} failed: {exc}") from exc
 
 
-def quantize(src: str, calibration: Path | None, samples: int, dest: Path) -> dict[str, Any]:
-    """AWQ W4A16 with llm-compressor; writes the compressed-tensors format."""
-    source = f"quantized:{src}"
-    if already_prepared(dest, PLANNER, source):
-        print(f"{dest / PLANNER.name}: already quantized from {src}")
-        return read_json(dest / PLANNER.name / MANIFEST)
-    try:
-        from datasets import Dataset
-        from llmcompressor import oneshot
-        from llmcompressor.modifiers.awq import AWQModifier
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-    except ImportError as exc:
-        raise PrepareError(
-            "quantizing needs llmcompressor (pip install llmcompressor==0.14.0.1 in its own venv)"
-        ) from exc
-    texts = calibration_texts(calibration, samples)
-    tokenizer = AutoTokenizer.from_pretrained(src)
-    model = AutoModelForCausalLM.from_pretrained(src, torch_dtype="auto")
-    dataset = Dataset.from_dict(
-        {
-            "text": [
-                tokenizer.apply_chat_template([{"role": "user", "content": t}], tokenize=False)
-                for t in texts
-            ]
-        }
-    ).map(
-        lambda row: tokenizer(row["text"], truncation=True, max_length=512), remove_columns=["text"]
-    )
-    recipe = [AWQModifier(targets=["Linear"], scheme="W4A16_ASYM", ignore=["lm_head"])]
-    oneshot(
-        model=model,
-        dataset=dataset,
-        recipe=recipe,
-        max_seq_length=512,
-        num_calibration_samples=len(texts),
-    )
-    staged = stage_dir(dest, PLANNER)
-    try:
-        model.save_pretrained(staged, save_compressed=True)
-        tokenizer.save_pretrained(staged)
-        manifest = install(staged, dest, PLANNER, source)
-    except BaseException:
-        shutil.rmtree(staged, ignore_errors=True)
-        raise
-    print("quantized with llm-compressor: set PLANNER_QUANTIZATION=compressed-tensors")
-    return manifest
-
-
-def calibration_texts(path: Path | None, samples: int) -> list[str]:
-    """Questions from a JSONL file (GSM8K train: one {"question": ...} per line)."""
-    if path is None:
-        raise PrepareError("--calibration FILE (GSM8K train JSONL) is needed to quantize")
-    texts = []
-    with path.open() as fh:
-        for line in fh:
-            row = json.loads(line)
-            if isinstance(row, dict) and isinstance(row.get("question"), str):
-                texts.append(row["question"])
-            if len(texts) >= samples:
-                break
-    if not texts:
-        raise PrepareError(f"{path}: no rows with a question field")
-    return texts
-
-
 # ---------------------------------------------------------------- command line
 
 
@@ -377,13 +312,10 @@ def prepare_planner(args: argparse.Namespace) -> None:
         manifest = from_local(args.planner_from, args.dest, PLANNER)
     elif args.planner_repo:
         manifest = from_hub(args.planner_repo, args.planner_revision, args.dest, PLANNER)
-    elif args.quantize_from:
-        manifest = quantize(
-            args.quantize_from, args.calibration, args.calibration_samples, args.dest
-        )
     else:
         raise PrepareError(
-            "planner: give --planner-from DIR, --planner-repo ID or --quantize-from SRC"
+            "planner: give --planner-from DIR or --planner-repo ID (to quantize one yourself: "
+            "python -m training.quantize_awq, then --planner-from its output)"
         )
     report(manifest, args.dest / PLANNER.name)
     method = manifest["facts"].get("quantization")
@@ -431,9 +363,6 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
         help="hub repo id of an AWQ checkpoint (env PLANNER_AWQ_REPO)",
     )
     planner.add_argument("--planner-revision", default=os.environ.get("PLANNER_AWQ_REVISION"))
-    planner.add_argument("--quantize-from", help="full-precision model dir or hub id to quantize")
-    planner.add_argument("--calibration", type=Path, help="JSONL of questions for quantization")
-    planner.add_argument("--calibration-samples", type=int, default=256)
     verifier = parser.add_argument_group("verifier (TinyLlama-1.1B-Chat + LoRA adapter)")
     verifier.add_argument("--base-from", type=Path, help="local TinyLlama directory")
     verifier.add_argument("--base-repo", default=DEFAULT_BASE_REPO)

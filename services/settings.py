@@ -83,6 +83,15 @@ class PlannerSettings(CommonSettings):
     # docs/eval).
     model: str = "qwen2.5-coder-1.5b-instruct"
     model_path: Path | None = None
+    # A LoRA adapter for the model (services.lora's directory layout: what
+    # training.train_planner writes and training.gguf_lora converts). llama.cpp loads its
+    # adapter.gguf, vLLM its PEFT weights; plans are then reported under the model's name
+    # with the adapter's tag. None: the base model.
+    lora: Path | None = None
+    # The adapter's sha256 (of its PEFT weights) an operator pins; None: not pinned.
+    lora_sha256: str | None = Field(default=None, pattern=r"^[0-9a-fA-F]{64}$")
+    # How strongly the adapter's update is applied (1.0: as trained).
+    lora_scale: float = Field(default=1.0, gt=0, le=4)
     temperature: float = Field(default=0.3, ge=0, le=2)
     top_p: float = Field(default=0.85, gt=0, le=1)
     max_tokens: int = Field(default=512, ge=32, le=4096)

@@ -172,7 +172,7 @@ def top_layers(model: Any, n: int) -> list[int] | None:
     return list(range(total - n, total))
 
 
-def lr_at(step: int, cfg: TrainConfig) -> float:
+def lr_at(step: int, cfg: Any) -> float:
     """Linear warm-up, then cosine decay to learning_rate * min_lr_ratio."""
     if step < cfg.warmup_steps:
         return cfg.learning_rate * (step + 1) / cfg.warmup_steps
@@ -242,13 +242,13 @@ CHECKPOINT_DIR = "checkpoint"
 RESUMABLE_CHANGES = frozenset({"time_budget_s", "threads", "device", "log_every"})
 
 
-def _recipe(cfg: TrainConfig) -> dict[str, Any]:
+def _recipe(cfg: Any) -> dict[str, Any]:
     return {k: v for k, v in asdict(cfg).items() if k not in RESUMABLE_CHANGES}
 
 
 def save_checkpoint(
     directory: Path,
-    cfg: TrainConfig,
+    cfg: Any,
     model: Any,
     optimizer: torch.optim.Optimizer,
     step: int,
@@ -275,15 +275,16 @@ def save_checkpoint(
 
 
 def resume(
-    directory: Path, cfg: TrainConfig, model: Any, optimizer: torch.optim.Optimizer
+    directory: Path, cfg: Any, model: Any, optimizer: torch.optim.Optimizer
 ) -> tuple[int, float, dict[str, Any] | None]:
-    """Load a checkpoint of the same config; returns its step, the seconds trained so far
-    and the best scored step's record and adapter (None before the first scoring)."""
+    """Load a checkpoint of the same config (a dataclass: this module's `TrainConfig`, or
+    another training script's); returns its step, the seconds trained so far and the best
+    scored step's record and adapter (None before the first scoring)."""
     from peft import set_peft_model_state_dict
 
     state = torch.load(directory / "state.pt", map_location=cfg.device, weights_only=False)
     # a checkpoint from before a field existed ran with that field's default
-    defaults = {f.name: f.default for f in fields(TrainConfig) if f.default is not MISSING}
+    defaults = {f.name: f.default for f in fields(type(cfg)) if f.default is not MISSING}
     saved = {**{k: v for k, v in defaults.items() if k in _recipe(cfg)}, **state["config"]}
     if saved != _recipe(cfg):
         changed = sorted(k for k, v in _recipe(cfg).items() if saved.get(k) != v)
@@ -297,6 +298,74 @@ def resume(
     if state["cuda_rng"] is not None and torch.cuda.is_available():
         torch.cuda.set_rng_state_all(state["cuda_rng"])
     return int(state["step"]), float(state["trained_s"]), state.get("best")
+
+
+def start_or_resume(
+    checkpoint: Path, cfg: Any, model: Any, optimizer: torch.optim.Optimizer, log_path: Path
+) -> tuple[int, float, dict[str, Any] | None]:
+    """Resume from `checkpoint` when it holds a state (the log keeps only the lines up to
+    its step), else start at step 0 with a fresh log."""
+    if not (checkpoint / "state.pt").exists():
+        log_path.unlink(missing_ok=True)
+        return 0, 0.0, None
+    first_step, trained_s, best = resume(checkpoint, cfg, model, optimizer)
+    kept = (
+        [
+            line
+            for line in log_path.read_text().splitlines()
+            if line.strip() and json.loads(line)["step"] <= first_step
+        ]
+        if log_path.exists()
+        else []
+    )
+    log_path.write_text("".join(line + "\n" for line in kept))
+    print(f"resuming at step {first_step} of {cfg.max_steps} from {checkpoint}", file=sys.stderr)
+    return first_step, trained_s, best
+
+
+def step_range(
+    cfg: Any, first_step: int, steps_this_run: int | None, desc: str, progress: bool
+) -> tuple[Any, Any]:
+    """This run's steps (from `first_step`, at most `steps_this_run` of them), behind a
+    progress bar when `progress`; returns them and the bar (None without one)."""
+    last = (
+        cfg.max_steps if steps_this_run is None else min(cfg.max_steps, first_step + steps_this_run)
+    )
+    steps: Any = range(first_step, last)
+    if not progress:
+        return steps, None
+    from tqdm import tqdm
+
+    bar = tqdm(steps, desc=desc, unit="step", initial=first_step, total=cfg.max_steps)
+    return bar, bar
+
+
+def keep_if_best(
+    best: dict[str, Any] | None, scored: dict[str, Any], model: Any, key: str, higher: bool
+) -> dict[str, Any]:
+    """The scored step's record with a copy of the adapter when its `key` beats `best`'s
+    (higher or lower is better), else `best`."""
+    from peft import get_peft_model_state_dict
+
+    if best is not None and (scored[key] <= best[key] if higher else scored[key] >= best[key]):
+        return best
+    adapter = {k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()}
+    return {**scored, "adapter": adapter}
+
+
+def save_adapter(model: Any, out: Path, base_model_name: str) -> None:
+    """The PEFT adapter files, naming the base model as the catalog does."""
+    model.save_pretrained(str(out))
+    adapter_config = out / "adapter_config.json"
+    conf = json.loads(adapter_config.read_text())
+    conf["base_model_name_or_path"] = base_model_name
+    adapter_config.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
+
+
+def copy_data_recipe(data_dir: Path, out: Path) -> None:
+    recipe = data_dir / "recipe.json"
+    if recipe.exists():
+        (out / "data_recipe.json").write_text(recipe.read_text())
 
 
 def score_val(
@@ -379,36 +448,12 @@ def train(
     rng = random.Random(cfg.seed)
     plan = make_batches(rows, lengths, cfg, rng)
     log_path = out / "train_log.jsonl"
-    first_step, trained_s = 0, 0.0
-    best: dict[str, Any] | None = None  # {"step", "val_auroc", "val_loss", "adapter"}
+    best: dict[str, Any] | None  # {"step", "val_auroc", "val_loss", "adapter"}
     checkpoint = out / CHECKPOINT_DIR
-    if (checkpoint / "state.pt").exists():
-        first_step, trained_s, best = resume(checkpoint, cfg, model, optimizer)
-        kept = (
-            [
-                line
-                for line in log_path.read_text().splitlines()
-                if line.strip() and json.loads(line)["step"] <= first_step
-            ]
-            if log_path.exists()
-            else []
-        )
-        log_path.write_text("".join(line + "\n" for line in kept))
-        print(
-            f"resuming at step {first_step} of {cfg.max_steps} from {checkpoint}", file=sys.stderr
-        )
+    first_step, trained_s, best = start_or_resume(checkpoint, cfg, model, optimizer, log_path)
     log_file = log_path.open("a")
     micro = cfg.micro_batch_size or cfg.batch_size
-    last_step = (
-        cfg.max_steps if steps_this_run is None else min(cfg.max_steps, first_step + steps_this_run)
-    )
-    steps = range(first_step, last_step)
-    bar = None
-    if progress:
-        from tqdm import tqdm
-
-        bar = tqdm(steps, desc="lora", unit="step", initial=first_step, total=cfg.max_steps)
-        steps = bar
+    steps, bar = step_range(cfg, first_step, steps_this_run, "lora", progress)
     started = time.perf_counter()
     window_loss, window_hits, window_n = 0.0, 0, 0
     steps_done = first_step
@@ -446,13 +491,7 @@ def train(
             scored = {"step": steps_done, **score_val(model, tokenizer, val_rows, cfg)}
             log_file.write(json.dumps(scored) + "\n")
             log_file.flush()
-            if best is None or scored["val_auroc"] > best["val_auroc"]:
-                from peft import get_peft_model_state_dict
-
-                adapter = {
-                    k: v.detach().clone() for k, v in get_peft_model_state_dict(model).items()
-                }
-                best = {**scored, "adapter": adapter}
+            best = keep_if_best(best, scored, model, "val_auroc", higher=True)
         if cfg.checkpoint_every and steps_done % cfg.checkpoint_every == 0:
             save_checkpoint(
                 checkpoint,
@@ -500,11 +539,7 @@ def train(
 
         set_peft_model_state_dict(model, best["adapter"])
 
-    model.save_pretrained(str(out))
-    adapter_config = out / "adapter_config.json"
-    conf = json.loads(adapter_config.read_text())
-    conf["base_model_name_or_path"] = cfg.base_model_name
-    adapter_config.write_text(json.dumps(conf, indent=2, sort_keys=True) + "\n")
+    save_adapter(model, out, cfg.base_model_name)
     write_prompt_format(out, tokenizer)
     # peft writes a blank model card; replace it with what reproduces this adapter
     (out / "README.md").write_text(
@@ -513,9 +548,7 @@ def train(
         "`train_config.json`, `data_recipe.json` and `train_log.jsonl` beside this file.\n\n"
         "```\npython -m training.train_lora " + " ".join(sys.argv[1:]) + "\n```\n"
     )
-    recipe = Path(cfg.data_dir) / "recipe.json"
-    if recipe.exists():
-        (out / "data_recipe.json").write_text(recipe.read_text())
+    copy_data_recipe(Path(cfg.data_dir), out)
     summary = {
         "train_claims": len(rows),
         "skipped_too_long": skipped,
@@ -535,11 +568,14 @@ def train(
     return summary
 
 
-def parse_args(argv: list[str] | None = None) -> TrainConfig:
+def config_from_args(cls: type[Any], description: str, argv: list[str] | None = None) -> Any:
+    """A training config dataclass from the command line: one flag per field
+    (`--base-model`, `--data`, `--out` required; lists take several values, booleans
+    `--x`/`--no-x`); the config's own checks raise ValueError."""
     parser = argparse.ArgumentParser(
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+        description=description, formatter_class=argparse.RawDescriptionHelpFormatter
     )
-    for f in fields(TrainConfig):
+    for f in fields(cls):
         flag = "--" + f.name.replace("_", "-")
         if f.name == "target_modules":
             parser.add_argument(flag, nargs="+", default=None)
@@ -556,7 +592,11 @@ def parse_args(argv: list[str] | None = None) -> TrainConfig:
     args = vars(parser.parse_args(argv))
     if args["target_modules"] is None:
         args.pop("target_modules")
-    return TrainConfig(**args)
+    return cls(**args)
+
+
+def parse_args(argv: list[str] | None = None) -> TrainConfig:
+    return config_from_args(TrainConfig, __doc__ or "", argv)
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -46,6 +46,7 @@ from planner.backends.llamacpp_engine import (
 from planner.backends.schema_constraint import ConstraintError, SchemaConstraint
 from services.catalog import resolve_gguf
 from services.errors import DependencyUnavailable, InvalidRequest, NotReady
+from services.lora import LoraAdapter, load_adapter
 from services.settings import PlannerSettings
 
 log = structlog.get_logger(__name__)
@@ -199,6 +200,9 @@ class LlamaCppBackend:
     ) -> None:
         self.settings = settings
         self.model = settings.model_path.name if settings.model_path else settings.model
+        # PLANNER_LORA, checked at load (its file is hashed then); the model's name gains
+        # the adapter's tag once it is.
+        self.adapter: LoraAdapter | None = None
         # False: every generation is free text (what the grammar costs is measured against
         # it, and the evaluation's `direct` mode uses it). True: a request without a
         # schema (a draft) is still free text.
@@ -223,6 +227,15 @@ class LlamaCppBackend:
     async def load(self) -> None:
         gguf = resolve_gguf(self.settings.model, self.settings.model_path, self._cache_dir)
         started = time.perf_counter()
+        if self.settings.lora is not None and self.adapter is None:
+            self.adapter = await asyncio.to_thread(
+                load_adapter,
+                self.settings.lora,
+                model=None if self.settings.model_path else self.settings.model,
+                gguf=True,
+                pinned_sha256=self.settings.lora_sha256,
+            )
+            self.model = self.adapter.served_name(self.model)
         llm = await asyncio.to_thread(self._load, gguf)
         if self.grammar_engine == "xgrammar":
             try:
@@ -260,6 +273,7 @@ class LlamaCppBackend:
                 "event.action": "planner.load",
                 "labels.model": self.model,
                 "labels.path": str(gguf),
+                "labels.lora": str(self.adapter.gguf) if self.adapter else None,
                 "labels.n_ctx": self.settings.n_ctx,
                 "labels.grammar_engine": self.grammar_engine,
                 "labels.extra_buffers": self.extra_buffers,
@@ -303,6 +317,13 @@ class LlamaCppBackend:
             n_threads_batch=self.settings.n_threads_batch or batch_threads(),
             seed=self.settings.seed,
             verbose=False,
+            # The adapter is applied to every decode of the context (both passes of a
+            # draft, the chain-of-thought prompt and warm-up alike).
+            **(
+                {"lora_path": str(self.adapter.gguf), "lora_scale": self.settings.lora_scale}
+                if self.adapter is not None
+                else {}
+            ),
         )
 
     async def close(self) -> None:

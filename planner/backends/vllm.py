@@ -15,13 +15,20 @@ strings hold JSON escapes, which xgrammar's own schema conversion forbids (a pla
 python could not have a second line). The older `guided_json` argument is silently
 ignored by this vLLM. vLLM is imported only when the backend loads, so the rest of the
 planner runs without it.
+
+With `PLANNER_LORA` the engine starts with LoRA enabled (one adapter, its rank) and every
+request names the adapter (`LoRARequest`), which vLLM applies in the same batch as the
+base model would run; the PEFT weights are the ones the llama.cpp backend's GGUF was
+converted from (`services.lora`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import time
 import uuid
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -29,6 +36,7 @@ import structlog
 from planner.backends.base import Generation, GenerationRequest, sample_seeds
 from planner.backends.schema_constraint import schema_grammar
 from services.errors import DependencyUnavailable, InvalidRequest, NotReady
+from services.lora import LoraAdapter, load_adapter
 from services.settings import PlannerSettings
 
 log = structlog.get_logger(__name__)
@@ -37,6 +45,9 @@ log = structlog.get_logger(__name__)
 _MIN_COMPLETION_TOKENS = 32
 # Values of PLANNER_QUANTIZATION that mean "no quantization" (an empty env var included).
 _NO_QUANTIZATION = {"", "none", "null", "no", "false", "0"}
+# The LoRA ranks vLLM's kernels are built for (`max_lora_rank` must be one of them).
+_LORA_RANKS = (8, 16, 32, 64, 128, 256, 320, 512)
+_LORA_ID = 1  # the engine's id for the one adapter (ids start at 1)
 
 
 class VllmEngineDead(NotReady):
@@ -50,6 +61,31 @@ def quantization_setting(value: str | None) -> str | None:
     if value is None or value.strip().lower() in _NO_QUANTIZATION:
         return None
     return value.strip()
+
+
+def check_quantization(model: str, setting: str | None) -> None:
+    """Refuse, before the engine starts, a `PLANNER_QUANTIZATION` that names another
+    method than the checkpoint's own `config.json` (vLLM reads `quantization_config`
+    there and fails deep in its start-up on a mismatch). A checkpoint that
+    training.quantize_awq wrote is `compressed-tensors`; a hub AWQ checkpoint is `awq`.
+    A model that is not a local directory (a hub id) is left to the engine."""
+    config = Path(model) / "config.json"
+    if setting is None or not config.is_file():
+        return
+    try:
+        quant = json.loads(config.read_text()).get("quantization_config") or {}
+    except (OSError, ValueError):
+        return  # the engine's own load reports an unreadable config
+    method = quant.get("quant_method") if isinstance(quant, dict) else None
+    if method is None:
+        raise ValueError(
+            f"PLANNER_QUANTIZATION={setting}, but {model} is not quantized: "
+            "unset it (PLANNER_QUANTIZATION=none) or point PLANNER_MODEL_PATH at a 4-bit checkpoint"
+        )
+    if method != setting:
+        raise ValueError(
+            f"{model} is a {method} checkpoint: set PLANNER_QUANTIZATION={method} (not {setting})"
+        )
 
 
 def resolve_model(settings: PlannerSettings) -> str:
@@ -91,6 +127,7 @@ class VllmBackend:
         self._engine: Any = None
         self._tokenizer: Any = None
         self._dead: str | None = None
+        self.adapter: LoraAdapter | None = None  # PLANNER_LORA, once `check_adapter` ran
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -109,7 +146,38 @@ class VllmBackend:
             enforce_eager=s.enforce_eager,
             seed=s.seed,
             disable_log_stats=True,
+            **self.lora_engine_args(),
         )
+
+    def check_adapter(self) -> None:
+        """Check PLANNER_LORA before the engine starts (a wrong adapter fails the load by
+        name, not inside the engine); the model's name gains the adapter's tag."""
+        if self.settings.lora is None or self.adapter is not None:
+            return
+        self.adapter = load_adapter(
+            self.settings.lora,
+            model=self.model,
+            gguf=False,
+            pinned_sha256=self.settings.lora_sha256,
+        )
+        self.model = self.adapter.served_name(self.model)
+
+    def lora_engine_args(self) -> dict[str, Any]:
+        """LoRA on, for one adapter of the adapter's rank (rounded up to a supported one)."""
+        if self.adapter is None:
+            return {}
+        rank = next((r for r in _LORA_RANKS if r >= self.adapter.rank), None)
+        if rank is None:
+            raise ValueError(f"the adapter's rank {self.adapter.rank} is above vLLM's largest")
+        return {"enable_lora": True, "max_loras": 1, "max_lora_rank": rank}
+
+    def lora_request(self) -> Any:
+        """The request's adapter for `AsyncLLM.generate`, or None for the base model."""
+        if self.adapter is None:
+            return None
+        from vllm.lora.request import LoRARequest
+
+        return LoRARequest(self.adapter.tag, _LORA_ID, str(self.adapter.directory))
 
     async def load(self) -> None:
         try:
@@ -120,7 +188,9 @@ class VllmBackend:
                 f"with scripts/setup_vllm_cpu.sh and run the planner with that python ({exc})"
             ) from None
         started = time.perf_counter()
+        await asyncio.to_thread(self.check_adapter)
         model = await asyncio.to_thread(resolve_model, self.settings)
+        check_quantization(model, quantization_setting(self.settings.quantization))
         args = self.engine_args(model)
         log.info(
             "starting vllm engine",
@@ -210,7 +280,7 @@ class VllmBackend:
         final = None
         try:
             async for output in self._engine.generate(
-                {"prompt_token_ids": ids}, params, request_id
+                {"prompt_token_ids": ids}, params, request_id, lora_request=self.lora_request()
             ):
                 final = output
         except EngineDeadError:
