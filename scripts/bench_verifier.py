@@ -2,7 +2,8 @@
 
     .venv/bin/python -m scripts.bench_verifier --data var/verifier-data --n 48
 
-Latency uses the model backend as served (tokenize, one forward pass, calibration) on
+Latency uses the model backend as served (tokenize, one forward pass, calibration; the
+runtime and model of the VERIFIER_* settings) on
 claims from the held-out test split; the symbolic part runs `verifier.symbolic.check`
 over the test and GSM8K-test splits and counts how many claims it decides and how many
 of those it gets right. The last line of output is one JSON object with the figures.
@@ -19,6 +20,7 @@ from pathlib import Path
 
 from services.settings import VerifierSettings
 from verifier import symbolic
+from verifier.backends import create_backend
 from verifier.backends.base import Claim
 from verifier.backends.model import ModelVerifier
 
@@ -84,10 +86,15 @@ def main() -> None:
         "symbolic": {s: symbolic_record(read_jsonl(args.data / f"{s}.jsonl")) for s in splits},
     }
     if not args.no_model:
-        backend = ModelVerifier(VerifierSettings(backend="model"))
+        # the served backend for the environment's VERIFIER_* settings (model, runtime)
+        backend = create_backend(VerifierSettings(backend="model"))
+        assert isinstance(backend, ModelVerifier)
+        figures["model"] = backend.settings.base_model
+        figures["runtime"] = backend.runtime
         t = time.perf_counter()
         asyncio.run(backend.load())
         figures["load_s"] = round(time.perf_counter() - t, 1)
+        figures["gguf_type"] = getattr(backend, "gguf_type", None)  # the llamacpp runtime's
         rows = read_jsonl(args.data / "test.jsonl")[: args.n]
         claims = [Claim(r["statement"], r.get("context") or "", r.get("question")) for r in rows]
         figures["latency"] = asyncio.run(latency(backend, claims, args.batch))

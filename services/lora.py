@@ -1,4 +1,5 @@
-"""A planner LoRA adapter directory, and the checks made before a backend loads one.
+"""A LoRA adapter directory, and the checks made before a backend loads one (the planner's,
+and the verifier's on its llama.cpp runtime).
 
 `PLANNER_LORA` names a directory that `training.train_planner` wrote and
 `training.gguf_lora` converted:
@@ -76,27 +77,33 @@ def trained_for(base: str, model: str) -> bool:
 
 
 def load_adapter(
-    directory: Path, *, model: str | None, gguf: bool, pinned_sha256: str | None = None
+    directory: Path,
+    *,
+    model: str | None,
+    gguf: bool,
+    pinned_sha256: str | None = None,
+    setting: str = "PLANNER_LORA",
 ) -> LoraAdapter:
     """Check the adapter directory and return what the backend loads. `model`: the
     catalog name (or model directory name) the adapter must have been trained for; None
     for a model given by a file path, where the engine's own load refuses an adapter of
     other shapes. `gguf`: the llama.cpp backend's check (adapter.gguf against its
-    manifest); otherwise the PEFT files vLLM loads."""
+    manifest); otherwise the PEFT files vLLM loads. `setting`: the setting that named the
+    directory, for the messages."""
     if not directory.is_dir():
-        raise AdapterError(f"PLANNER_LORA {directory} is not a directory")
+        raise AdapterError(f"{setting} {directory} is not a directory")
     try:
         config = json.loads((directory / PEFT_CONFIG).read_text())
     except (OSError, ValueError) as exc:
         raise AdapterError(
-            f"PLANNER_LORA {directory} has no readable {PEFT_CONFIG} ({exc}); "
-            "pass a directory that training.train_planner wrote"
+            f"{setting} {directory} has no readable {PEFT_CONFIG} ({exc}); "
+            "pass a directory that training wrote"
         ) from None
     base = str(config.get("base_model_name_or_path") or "")
     if model is not None and not trained_for(base, model):
         raise AdapterError(
             f"the adapter in {directory} was trained for {base or 'an unnamed model'}, "
-            f"not {model}: set PLANNER_MODEL to its model, or unset PLANNER_LORA"
+            f"not {model}: serve it on its own model, or unset {setting}"
         )
     rank = int(config.get("r") or 0)
     weights = directory / PEFT_WEIGHTS
@@ -105,8 +112,7 @@ def load_adapter(
     identity = sha256_of(weights)
     if pinned_sha256 is not None and identity != pinned_sha256.strip().lower():
         raise AdapterError(
-            f"the adapter's sha256 is {identity}, not the pinned PLANNER_LORA_SHA256 "
-            f"{pinned_sha256}"
+            f"the adapter's sha256 is {identity}, not the pinned {setting}_SHA256 {pinned_sha256}"
         )
     if gguf:
         try:

@@ -155,6 +155,16 @@ class VerifierSettings(CommonSettings):
     # Catalog name or local directory of the base causal LM.
     base_model: str = "smollm2-135m-instruct"
     adapter_dir: Path | None = None
+    # Model backend only: what runs the model. `transformers`: the base model's
+    # safetensors in float32 (float16 on a GPU) with the PEFT adapter merged.
+    # `llamacpp`: the catalog model's GGUF with the adapter's `adapter.gguf`
+    # (training.gguf_lora) and `calibration-llamacpp.json` (verifier.backends.llamacpp).
+    runtime: Literal["transformers", "llamacpp"] = "transformers"
+    # llamacpp runtime only: the tensor type it runs the catalog model in. `auto`: bf16
+    # on a CPU with bfloat16 dot products (the trained-on weights to within bf16
+    # rounding, and the fastest type measured there), q8_0 elsewhere; `source`: the
+    # catalog file as pulled. Converted once (services.catalog.ensure_gguf_type).
+    gguf_type: Literal["auto", "source", "bf16", "q8_0"] = "auto"
     device: str = "cpu"
     max_input_tokens: int = Field(default=512, ge=32)
     threshold: float = Field(default=0.5, ge=0, le=1)

@@ -233,32 +233,41 @@ def saved_scores(report: dict[str, Any]) -> dict[SampleKey, float]:
     }
 
 
-def model_scorer(base_model: str, adapter: str | None, threads: int = 1) -> Scorer:
-    """The verifier's model as the service's model method runs it: logit(TRUE) -
-    logit(FALSE), through the adapter's calibration (temperature and bias) when it has
-    one."""
+def model_scorer(
+    base_model: str | None, adapter: str | None, threads: int = 1, runtime: str = "transformers"
+) -> tuple[Scorer, dict[str, Any]]:
+    """The verifier's model as the service's model method runs it on `runtime`:
+    logit(TRUE) - logit(FALSE), through the adapter's calibration for that runtime
+    (temperature and bias) when it has one; and what scored, filled in once it has
+    (the runtime, and on llamacpp the GGUF's tensor type)."""
     from training.evaluate import read_calibration
-    from training.scoring import load_model, load_tokenizer, prompt_format, score_rows, set_threads
+    from training.scoring import CALIBRATION_FILES, score_with
 
-    set_threads(threads)
-    model = load_model(base_model, adapter)
-    tokenizer = load_tokenizer(base_model)
-    fmt = prompt_format(adapter)
     temperature, bias = 1.0, 0.0
-    if adapter is not None and (Path(adapter) / "calibration.json").exists():
-        temperature, bias, _ = read_calibration(Path(adapter) / "calibration.json")
+    calibration = Path(adapter) / CALIBRATION_FILES[runtime] if adapter is not None else None
+    if calibration is not None and calibration.exists():
+        temperature, bias, _ = read_calibration(calibration)
+
+    scored_by: dict[str, Any] = {"runtime": runtime}
 
     def score(claims: list[dict[str, str]]) -> list[float]:
-        logits = score_rows(model, tokenizer, claims, fmt, progress=True)
+        logits, by = score_with(runtime, base_model, adapter, claims, threads)
+        scored_by.update(by)
         return [calibrated(z, temperature, bias) for z in logits]
 
-    return score
+    return score, scored_by
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--samples", type=Path, nargs="+", required=True)
     parser.add_argument("--base-model", help="transformers model directory")
+    parser.add_argument(
+        "--runtime",
+        choices=("transformers", "llamacpp"),
+        default="transformers",
+        help="what runs the verifier's model (llamacpp: the catalog GGUF and adapter.gguf)",
+    )
     parser.add_argument("--adapter", default=None, help="LoRA adapter directory (none: untrained)")
     parser.add_argument("--k", type=int, default=5, help="samples per question (the first k)")
     parser.add_argument("--kinds", nargs="+", default=["plan"], choices=sorted(KIND_ORDER))
@@ -276,7 +285,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.k < 1:
         parser.error("--k must be at least 1")
-    if (args.base_model is None) == (args.scores_from is None):
+    with_model = args.base_model is not None or args.runtime == "llamacpp"
+    if with_model == (args.scores_from is not None):
         parser.error("give --base-model (score with the model) or --scores-from (replay)")
     rows = [r for path in args.samples for r in iter_records(path, "id", "label")]
     if args.scores_from is not None:
@@ -285,8 +295,9 @@ def main(argv: list[str] | None = None) -> int:
             parser.error(f"{args.scores_from} has no per-sample scores (items)")
         scorer, saved = None, saved_scores(previous)
         base_model, adapter = previous.get("base_model"), previous.get("adapter")
+        scored_by = {k: previous[k] for k in ("runtime", "gguf_type") if k in previous}
     else:
-        scorer = model_scorer(args.base_model, args.adapter, args.threads)
+        scorer, scored_by = model_scorer(args.base_model, args.adapter, args.threads, args.runtime)
         saved, base_model, adapter = None, args.base_model, args.adapter
     try:
         result = rerank(
@@ -303,6 +314,7 @@ def main(argv: list[str] | None = None) -> int:
     result.update(
         base_model=base_model,
         adapter=adapter,
+        **scored_by,
         samples=[str(p) for p in args.samples],
         scores_from=str(args.scores_from) if args.scores_from else None,
     )

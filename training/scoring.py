@@ -4,6 +4,11 @@ A claim's score is the logit difference `z = logit(TRUE) - logit(FALSE)` at the 
 prompt position, from one forward pass with left padding and `logits_to_keep=1`;
 `sigmoid(z / T + b)` is the probability that the claim is true after calibration with
 temperature `T` and bias `b` (`training.calibrate`).
+
+Two runtimes score the same prompts, as the verifier service does (`VERIFIER_RUNTIME`):
+`transformers` (`load_model`, `score_rows`: float32, batched) and `llamacpp`
+(`llamacpp_scorer`, `score_rows_llamacpp`: the catalog GGUF with the adapter's
+`adapter.gguf`, through the service's own `LlamaCppScorer`).
 """
 
 from __future__ import annotations
@@ -107,3 +112,76 @@ def score_rows(
         for i, z in zip(chunk, diffs.tolist(), strict=True):
             scores[i] = float(z)
     return scores
+
+
+RUNTIMES = ("transformers", "llamacpp")
+CALIBRATION_FILES = {"transformers": "calibration.json", "llamacpp": "calibration-llamacpp.json"}
+
+
+def llamacpp_scorer(
+    adapter_dir: str | Path,
+    n_ctx: int = 2048,
+    threads: int | None = None,
+    gguf_type: str = "auto",
+) -> Any:
+    """The service's llama.cpp scorer for an adapter: the catalog GGUF of the model the
+    adapter names (`base_model_name_or_path`) and its checked `adapter.gguf`. `n_ctx`:
+    the longest claim it scores (the service refuses claims past VERIFIER_MAX_INPUT_TOKENS;
+    a training split may hold longer ones, which the transformers runtime scores too).
+    `gguf_type`: as VERIFIER_GGUF_TYPE; the scorer's `gguf_type` says what it resolved to."""
+    from services.lora import load_adapter
+    from verifier.backends.llamacpp import LlamaCppScorer, model_gguf
+
+    adapter = load_adapter(Path(adapter_dir), model=None, gguf=True, setting="--adapter")
+    fmt = prompt_format(adapter_dir)
+    gguf, resolved = model_gguf(adapter.base_model, gguf_type)
+    return LlamaCppScorer(
+        gguf,
+        lora=adapter.gguf,
+        n_ctx=n_ctx,
+        answer_ids=(int(fmt["true_token_id"]), int(fmt["false_token_id"])),
+        threads=threads,
+        gguf_type=resolved,
+    )
+
+
+def score_rows_llamacpp(
+    scorer: Any, rows: list[dict[str, Any]], fmt: dict[str, Any], progress: bool = False
+) -> list[float]:
+    """Logit differences for claims on the llama.cpp runtime, in input order."""
+    prompts = [claim_prompt(r, fmt) for r in rows]
+    if progress:
+        from tqdm import tqdm
+
+        prompts = tqdm(prompts, desc="scoring", unit="claim")
+    return [scorer.logit_diff(scorer.tokenize(p)) for p in prompts]
+
+
+def score_with(
+    runtime: str,
+    base_model: str | Path | None,
+    adapter_dir: str | Path | None,
+    rows: list[dict[str, Any]],
+    threads: int = 1,
+    gguf_type: str = "auto",
+) -> tuple[list[float], dict[str, Any]]:
+    """Logit differences for `rows` on `runtime` (one of RUNTIMES), loading what it needs,
+    and what scored them (`runtime`, and on llamacpp the `gguf_type` it ran)."""
+    fmt = prompt_format(adapter_dir)
+    if runtime == "llamacpp":
+        if adapter_dir is None:
+            raise ValueError("the llamacpp runtime scores an adapter: give --adapter")
+        scorer = llamacpp_scorer(adapter_dir, threads=threads, gguf_type=gguf_type)
+        try:
+            logits = score_rows_llamacpp(scorer, rows, fmt, progress=True)
+            return logits, {"runtime": runtime, "gguf_type": scorer.gguf_type}
+        finally:
+            scorer.close()
+    if runtime != "transformers":
+        raise ValueError(f"unknown runtime {runtime!r}; one of {RUNTIMES}")
+    if base_model is None:
+        raise ValueError("the transformers runtime needs --base-model")
+    set_threads(threads)
+    model = load_model(base_model, adapter_dir)
+    logits = score_rows(model, load_tokenizer(base_model), rows, fmt, progress=True)
+    return logits, {"runtime": runtime}

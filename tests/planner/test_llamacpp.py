@@ -221,7 +221,7 @@ def test_extra_buffers_off_loads_and_decodes_on_this_cpu() -> None:
     """With extra buffers off the model reports them off and decodes. On an AMX CPU the
     default (on) crashes the process in ggml's AMX matmul on the first decode, which is
     what `PLANNER_EXTRA_BUFFERS=auto` avoids."""
-    from planner.backends.llamacpp import open_llama
+    from services.llamacpp import open_llama
 
     path = pull("smollm2-135m-instruct")
     llm = open_llama(path, extra_buffers=False, n_ctx=256, n_threads=1, verbose=False, seed=0)

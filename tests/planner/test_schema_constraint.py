@@ -33,7 +33,7 @@ SCHEMA = {
 
 @pytest.fixture(scope="module")
 def llm() -> Iterator[Any]:
-    from planner.backends.llamacpp import open_llama, use_extra_buffers
+    from services.llamacpp import open_llama, use_extra_buffers
 
     path = pull("smollm2-135m-instruct")
     model = open_llama(

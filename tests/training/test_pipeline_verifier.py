@@ -81,7 +81,7 @@ def test_committed_samples_train_a_verifier_that_ranks_them(tmp_path: Path) -> N
 
     report = rerank.rerank(
         list(sp.read_samples(samples)),
-        rerank.model_scorer(str(model_dir), str(adapter)),
+        rerank.model_scorer(str(model_dir), str(adapter))[0],
         k=4,
         kinds=["plan"],
     )

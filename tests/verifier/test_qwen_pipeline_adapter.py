@@ -16,28 +16,13 @@ pytest.importorskip("torch")
 pytest.importorskip("peft")
 
 from services.settings import VerifierSettings
+from tests.verifier.pipeline_samples import pipeline_claims
 from verifier.backends.base import Claim
 from verifier.backends.model import EMBEDDED_ADAPTERS, ModelVerifier
 
 pytestmark = [pytest.mark.model, pytest.mark.slow]
 
 NAME = "qwen2.5-coder-0.5b-instruct"
-ROOT = Path(__file__).resolve().parents[2]
-SAMPLES = ROOT / "training" / "samples" / "qwen2.5-coder-1.5b-instruct" / "gsm8k-train-draft.jsonl"
-
-
-def pipeline_claims(n: int) -> list[dict[str, str]]:
-    """The first `n` stored claims of a right and a wrong sample each, as the sampler
-    wrote them (built by the orchestrator's claim function)."""
-    right: list[dict[str, str]] = []
-    wrong: list[dict[str, str]] = []
-    for line in SAMPLES.read_text().splitlines():
-        row = json.loads(line)
-        if row["claim"] is not None:
-            (right if row["label"] else wrong).append(row["claim"])
-        if len(right) >= n and len(wrong) >= n:
-            break
-    return right[:n] + wrong[:n]
 
 
 @pytest.fixture(scope="module")

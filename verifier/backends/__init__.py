@@ -11,6 +11,10 @@ def create_backend(settings: VerifierSettings) -> VerifierBackend:
         from verifier.backends.scripted import ScriptedVerifier
 
         return ScriptedVerifier(script_path=settings.script_path)
+    if settings.backend == "model" and settings.runtime == "llamacpp":
+        from verifier.backends.llamacpp import LlamaCppVerifier
+
+        return LlamaCppVerifier(settings)
     if settings.backend == "model":
         from verifier.backends.model import ModelVerifier
 

@@ -52,6 +52,9 @@ def sigmoid(z: float) -> float:
 
 class ModelVerifier:
     name = "model"
+    runtime = "transformers"
+    # sigmoid(z / T + b)'s T and b, fitted on this runtime's own scores (training.calibrate)
+    calibration_file = "calibration.json"
 
     def __init__(self, settings: VerifierSettings) -> None:
         self.settings = settings
@@ -59,6 +62,7 @@ class ModelVerifier:
         self.adapter_dir = settings.adapter_dir or EMBEDDED_ADAPTERS.get(settings.base_model)
         self.temperature = 1.0
         self.bias = 0.0
+        self.calibration: dict[str, Any] | None = None  # the calibration file, as read
         self._lm: Any = None
         self._tokenizer: Any = None
         self._fmt: dict[str, Any] = {}
@@ -76,11 +80,7 @@ class ModelVerifier:
 
         return ensure_hf_dir(self.settings.base_model)
 
-    def _load_sync(self) -> None:
-        import torch
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM, AutoTokenizer
-
+    def _adapter(self) -> Path:
         if (
             self.adapter_dir is None
             or not (Path(self.adapter_dir) / "adapter_config.json").exists()
@@ -89,7 +89,28 @@ class ModelVerifier:
                 f"no LoRA adapter for {self.settings.base_model!r}: set VERIFIER_ADAPTER_DIR to "
                 "a directory made by `python -m training.train_lora`"
             )
-        adapter = Path(self.adapter_dir)
+        return Path(self.adapter_dir)
+
+    def _read_calibration(self, adapter: Path) -> None:
+        """T and b from the adapter's calibration file for this runtime, if it has one."""
+        calibration = adapter / self.calibration_file
+        if calibration.exists():
+            fitted = json.loads(calibration.read_text())
+            self.calibration = fitted
+            self.temperature = float(fitted["temperature"])
+            self.bias = float(fitted.get("bias", 0.0))  # files without one: temperature only
+        else:
+            log.warning(
+                f"adapter has no {self.calibration_file}; confidences are uncalibrated",
+                **{"event.action": "verifier.load", "labels.adapter": str(adapter)},
+            )
+
+    def _load_sync(self) -> None:
+        import torch
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        adapter = self._adapter()
         device = torch.device(self.settings.device)
         if device.type == "cpu":
             torch.set_num_threads(CPU_THREADS)
@@ -116,13 +137,7 @@ class ModelVerifier:
                 f"VERIFIER_MAX_INPUT_TOKENS={self.settings.max_input_tokens} exceeds the "
                 f"model's context of {limit} tokens"
             )
-        calibration = adapter / "calibration.json"
-        if calibration.exists():
-            fitted = json.loads(calibration.read_text())
-            self.temperature = float(fitted["temperature"])
-            self.bias = float(fitted.get("bias", 0.0))  # files without one: temperature only
-        else:
-            log.warning("adapter has no calibration.json; confidences are uncalibrated")
+        self._read_calibration(adapter)
         self._lm, self._tokenizer, self._fmt, self._ids = lm, tokenizer, fmt, (true_id, false_id)
         self._device = device
         self._score_sync([Claim("2 + 2 = 4")])  # warm-up: first-call allocations happen now
@@ -148,7 +163,7 @@ class ModelVerifier:
         # the adapter's format, rendered as training rendered it (services.claims)
         prompts = [render_prompt(c.statement, c.context, c.question, self._fmt) for c in claims]
         for k, prompt in enumerate(prompts):
-            n = len(self._tokenizer(prompt)["input_ids"])
+            n = self._count_tokens(prompt)
             if n > self.settings.max_input_tokens:
                 raise InvalidRequest(
                     f"claim {k} is {n} tokens with its question and context; the verifier "
@@ -156,6 +171,9 @@ class ModelVerifier:
                     param="statement",
                 )
         return prompts
+
+    def _count_tokens(self, prompt: str) -> int:
+        return len(self._tokenizer(prompt)["input_ids"])
 
     def logit_diffs(self, prompts: list[str]) -> list[float]:
         """Raw TRUE-minus-FALSE logits for prompts, one forward pass."""

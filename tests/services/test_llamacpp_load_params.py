@@ -1,4 +1,5 @@
-"""`PLANNER_EXTRA_BUFFERS`: ggml's extra weight buffers are off on AMX CPUs by default."""
+"""`services.llamacpp`: ggml's extra weight buffers are off on AMX CPUs by default
+(`PLANNER_EXTRA_BUFFERS`), and a library that ignores the load parameters fails the load."""
 
 from __future__ import annotations
 
@@ -6,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from planner.backends.llamacpp import cpu_has_amx, use_extra_buffers
+from services.llamacpp import cpu_has_amx, use_extra_buffers
 from services.settings import PlannerSettings
 
 pytestmark = pytest.mark.unit
@@ -68,7 +69,7 @@ def test_a_library_that_ignores_the_setting_fails_the_load(monkeypatch: pytest.M
     """If llama-cpp-python stops building its parameters from the wrapped function, the
     load fails with a clear error (and closes the model) instead of crashing on decode."""
     llama_cpp = pytest.importorskip("llama_cpp")
-    from planner.backends.llamacpp import open_llama
+    from services.llamacpp import open_llama
 
     closed: list[bool] = []
 
