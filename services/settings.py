@@ -165,6 +165,9 @@ class VerifierSettings(CommonSettings):
     # rounding, and the fastest type measured there), q8_0 elsewhere; `source`: the
     # catalog file as pulled. Converted once (services.catalog.ensure_gguf_type).
     gguf_type: Literal["auto", "source", "bf16", "q8_0"] = "auto"
+    # CPU threads the model runs on; unset = all cores on llamacpp, at most 4 on
+    # transformers. 1 leaves the other cores to a planner on the same machine.
+    n_threads: int | None = Field(default=None, ge=1)
     device: str = "cpu"
     max_input_tokens: int = Field(default=512, ge=32)
     threshold: float = Field(default=0.5, ge=0, le=1)

@@ -70,3 +70,11 @@ def test_an_unknown_gguf_type_is_refused() -> None:
         ensure_gguf_type("qwen2.5-coder-0.5b-instruct", "q3_k")
     with pytest.raises(ValidationError, match="gguf_type"):
         VerifierSettings(gguf_type="q3_k")
+
+
+def test_the_verifier_threads_setting_is_a_positive_count(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("VERIFIER_N_THREADS", "1")
+    assert VerifierSettings().n_threads == 1
+    monkeypatch.setenv("VERIFIER_N_THREADS", "0")
+    with pytest.raises(ValidationError, match="n_threads"):
+        VerifierSettings()

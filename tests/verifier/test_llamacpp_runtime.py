@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import shutil
 from pathlib import Path
 
@@ -57,6 +58,7 @@ def test_the_runtime_serves_the_committed_gguf_adapter_with_its_own_calibration(
     backend: LlamaCppVerifier,
 ) -> None:
     assert backend.model == f"{NAME}+{ADAPTER.name}"
+    assert backend._scorer.threads == len(os.sched_getaffinity(0))  # VERIFIER_N_THREADS unset
     fitted = json.loads((ADAPTER / "calibration-llamacpp.json").read_text())
     # held-out pipeline claims (questions training never saw), not synthetic ones
     assert fitted["runtime"] == "llamacpp" and "pipeline-claims/val.jsonl" in fitted["fitted_on"]

@@ -87,6 +87,7 @@ class LlamaCppScorer:
                 f"({exc})"
             ) from None
         threads = threads or len(os.sched_getaffinity(0))
+        self.threads = threads
         self.n_ctx = n_ctx
         self.answer_ids = answer_ids
         self.gguf_type = gguf_type  # what `gguf` holds (model_gguf), for the records
@@ -167,6 +168,7 @@ class LlamaCppVerifier(ModelVerifier):
             lora=adapter.gguf,
             n_ctx=self.settings.max_input_tokens,
             answer_ids=answer_ids,
+            threads=self.settings.n_threads,
             gguf_type=self.gguf_type,
         )
         try:
@@ -205,6 +207,7 @@ class LlamaCppVerifier(ModelVerifier):
                 "labels.runtime": self.runtime,
                 "labels.base": str(gguf),
                 "labels.gguf_type": self.gguf_type,
+                "labels.threads": scorer.threads,
                 "labels.adapter": str(adapter.gguf),
                 "labels.adapter_sha256": adapter.sha256,
                 "labels.temperature": self.temperature,

@@ -113,7 +113,7 @@ class ModelVerifier:
         adapter = self._adapter()
         device = torch.device(self.settings.device)
         if device.type == "cpu":
-            torch.set_num_threads(CPU_THREADS)
+            torch.set_num_threads(self.settings.n_threads or CPU_THREADS)
         base_dir = self._base_dir()
         tokenizer = AutoTokenizer.from_pretrained(str(base_dir))
         tokenizer.padding_side = "left"
