@@ -129,20 +129,17 @@ def llamacpp_scorer(
     the longest claim it scores (the service refuses claims past VERIFIER_MAX_INPUT_TOKENS;
     a training split may hold longer ones, which the transformers runtime scores too).
     `gguf_type`: as VERIFIER_GGUF_TYPE; the scorer's `gguf_type` says what it resolved to."""
-    from services.lora import load_adapter
-    from verifier.backends.llamacpp import LlamaCppScorer, model_gguf
+    from verifier.backends.llamacpp import open_adapter_scorer
 
-    adapter = load_adapter(Path(adapter_dir), model=None, gguf=True, setting="--adapter")
-    fmt = prompt_format(adapter_dir)
-    gguf, resolved = model_gguf(adapter.base_model, gguf_type)
-    return LlamaCppScorer(
-        gguf,
-        lora=adapter.gguf,
+    scorer, _, _ = open_adapter_scorer(
+        Path(adapter_dir),
+        model=None,
+        gguf_type=gguf_type,
         n_ctx=n_ctx,
-        answer_ids=(int(fmt["true_token_id"]), int(fmt["false_token_id"])),
         threads=threads,
-        gguf_type=resolved,
+        setting="--adapter",
     )
+    return scorer
 
 
 def score_rows_llamacpp(

@@ -163,3 +163,21 @@ def test_the_converted_gguf_is_made_once_from_the_verified_file_and_reused(
     made = target.stat().st_mtime_ns
     assert ensure_gguf_type(NAME, backend.gguf_type) == target
     assert target.stat().st_mtime_ns == made  # reused, not converted again
+
+
+def test_an_adapter_whose_answer_tokens_are_not_this_tokenizers_is_refused(
+    tmp_path: Path,
+) -> None:
+    from services.catalog import resolve_gguf
+
+    if not resolve_gguf(NAME).is_file():
+        pytest.skip(f"{NAME} is not pulled on this machine")
+    copy = tmp_path / "adapter"
+    shutil.copytree(ADAPTER, copy)
+    fmt = json.loads((copy / "prompt.json").read_text())
+    fmt["true_token_id"] += 1
+    (copy / "prompt.json").write_text(json.dumps(fmt))
+    b = create_backend(settings(tmp_path, adapter_dir=copy))
+    with pytest.raises(ValueError, match="trained with another tokenizer"):
+        asyncio.run(b.load())
+    assert b._scorer is None

@@ -10,10 +10,10 @@ with logits at the last position only, z = logit(TRUE) - logit(FALSE) there.
 
 The model runs in the tensor type of `VERIFIER_GGUF_TYPE` (`resolve_gguf_type`): by
 default BF16 where the CPU has bfloat16 dot products, converted once from the catalog
-file by llama.cpp (`services.catalog.ensure_gguf_type`). Measured on 24 pipeline claims
-on a 2-core EPYC (docs/benchmarks/verifier.md): P50 666 ms in BF16, 746 ms in Q8_0,
-950 ms in the catalog's Q4_K_M/Q5_0 file, 1,131 ms for float32 transformers, with the
-logit difference within 0.017, 0.053 and 0.078 of float32's. Since z is close to the
+file by llama.cpp (`services.catalog.ensure_gguf_type`). Measured with
+`scripts.bench_verifier` on 24 pipeline claims on a 2-core EPYC (docs/benchmarks/verifier.md,
+"The llama.cpp runtime"): P50 745 ms a claim in BF16 against 1,498 ms for float32
+transformers, the logit difference within 0.017 of float32's. Since z is close to the
 float32 one but not equal, the calibration is this runtime's own,
 `calibration-llamacpp.json`, fitted on its scores by
 `python -m training.calibrate --runtime llamacpp` (which records the type it scored in).
@@ -26,6 +26,7 @@ little.)
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 from pathlib import Path
@@ -34,7 +35,7 @@ from typing import Any
 import structlog
 
 from services.llamacpp import CPUINFO, cpu_has_bf16, open_llama, use_extra_buffers
-from services.lora import load_adapter
+from services.lora import LoraAdapter, load_adapter
 from services.settings import VerifierSettings
 from verifier.backends.base import Claim
 from verifier.backends.model import ModelVerifier
@@ -88,6 +89,7 @@ class LlamaCppScorer:
             ) from None
         threads = threads or len(os.sched_getaffinity(0))
         self.threads = threads
+        self.gguf = gguf
         self.n_ctx = n_ctx
         self.answer_ids = answer_ids
         self.gguf_type = gguf_type  # what `gguf` holds (model_gguf), for the records
@@ -141,6 +143,42 @@ class LlamaCppScorer:
             llm.close()
 
 
+def open_adapter_scorer(
+    adapter_dir: Path,
+    *,
+    model: str | None,
+    gguf_type: str,
+    n_ctx: int,
+    threads: int | None = None,
+    setting: str = "VERIFIER_ADAPTER_DIR",
+) -> tuple[LlamaCppScorer, LoraAdapter, dict[str, Any]]:
+    """A scorer for a verifier adapter directory (the service's and `training/`'s): the
+    adapter checked by `services.lora` (`model`: the catalog model it must be trained for;
+    None: the one its config names), its model's GGUF in `gguf_type`, and its prompt
+    format, whose answer words must be the single tokens it was trained on."""
+    adapter = load_adapter(adapter_dir, model=model, gguf=True, setting=setting)
+    fmt = json.loads((adapter_dir / "prompt.json").read_text())
+    answer_ids = (int(fmt["true_token_id"]), int(fmt["false_token_id"]))
+    gguf, resolved = model_gguf(model or adapter.base_model, gguf_type)
+    scorer = LlamaCppScorer(
+        gguf,
+        lora=adapter.gguf,
+        n_ctx=n_ctx,
+        answer_ids=answer_ids,
+        threads=threads,
+        gguf_type=resolved,
+    )
+    for text, token in zip((fmt["true_text"], fmt["false_text"]), answer_ids, strict=True):
+        got = scorer.tokenize(text)
+        if got[-1:] != [token] or len(got) > 2:
+            scorer.close()
+            raise ValueError(
+                f"adapter {adapter_dir} was trained with another tokenizer: "
+                f"{text!r} is {got} here, not [{token}]"
+            )
+    return scorer, adapter, fmt
+
+
 class LlamaCppVerifier(ModelVerifier):
     runtime = "llamacpp"
     calibration_file = "calibration-llamacpp.json"
@@ -151,35 +189,16 @@ class LlamaCppVerifier(ModelVerifier):
         self.gguf_type: str | None = None
 
     def _load_sync(self) -> None:
-        import json
-
         adapter_dir = self._adapter()
-        gguf, self.gguf_type = model_gguf(self.settings.base_model, self.settings.gguf_type)
-        adapter = load_adapter(
+        scorer, adapter, fmt = open_adapter_scorer(
             adapter_dir,
             model=self.settings.base_model,
-            gguf=True,
-            setting="VERIFIER_ADAPTER_DIR",
-        )
-        fmt = json.loads((adapter_dir / "prompt.json").read_text())
-        answer_ids = (int(fmt["true_token_id"]), int(fmt["false_token_id"]))
-        scorer = LlamaCppScorer(
-            gguf,
-            lora=adapter.gguf,
+            gguf_type=self.settings.gguf_type,
             n_ctx=self.settings.max_input_tokens,
-            answer_ids=answer_ids,
             threads=self.settings.n_threads,
-            gguf_type=self.gguf_type,
         )
+        self.gguf_type = scorer.gguf_type
         try:
-            # the adapter's answer words must be the single tokens it was trained on
-            for text, token in zip((fmt["true_text"], fmt["false_text"]), answer_ids, strict=True):
-                got = scorer.tokenize(text)
-                if got[-1:] != [token] or len(got) > 2:
-                    raise ValueError(
-                        f"adapter {adapter_dir} was trained with another tokenizer: "
-                        f"{text!r} is {got} here, not [{token}]"
-                    )
             self._read_calibration(adapter_dir)
             fitted = self.calibration.get("gguf_type") if self.calibration else None
             if fitted is not None and fitted != self.gguf_type:
@@ -192,7 +211,7 @@ class LlamaCppVerifier(ModelVerifier):
                     },
                 )
             self._scorer, self._fmt = scorer, fmt
-            self._ids = answer_ids
+            self._ids = scorer.answer_ids
             self._lm = scorer  # ModelVerifier.score's loaded-check
             self._score_sync([Claim("2 + 2 = 4")])  # first-call allocations happen now
         except BaseException:
@@ -205,7 +224,7 @@ class LlamaCppVerifier(ModelVerifier):
             **{
                 "event.action": "verifier.load",
                 "labels.runtime": self.runtime,
-                "labels.base": str(gguf),
+                "labels.base": str(scorer.gguf),
                 "labels.gguf_type": self.gguf_type,
                 "labels.threads": scorer.threads,
                 "labels.adapter": str(adapter.gguf),
