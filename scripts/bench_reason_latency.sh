@@ -24,8 +24,7 @@ mkdir -p "$out" "$logs"
 export PLANNER_BACKEND=llamacpp PLANNER_MODEL=qwen2.5-coder-0.5b-instruct VERIFIER_BACKEND=model
 export ORCH_PORT="$port" PLANNER_PORT=$((port + 1)) VERIFIER_PORT=$((port + 2))
 export PLANNER_N_THREADS=1  # the service default on this 2-core box, set for both checkouts
-"$py" -m cli models pull "$PLANNER_MODEL" >/dev/null
-"$py" -m cli models pull smollm2-135m-instruct >/dev/null
+"$py" -m cli models pull --serving >/dev/null
 (cd "$checkout" && PYTHONPATH="$checkout" exec "$py" -m cli serve --log-dir "$logs") \
   >"$logs/serve.out" 2>&1 &
 serve_pid=$!

@@ -23,10 +23,7 @@ export ORCH_PORT="$port" PLANNER_PORT=$((port + 1)) VERIFIER_PORT=$((port + 2))
 export PLANNER_N_THREADS="${PLANNER_N_THREADS:-1}" PLANNER_N_THREADS_BATCH="${PLANNER_N_THREADS_BATCH:-1}"
 export VERIFIER_N_THREADS="${VERIFIER_N_THREADS:-1}"
 export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
-model="$("$py" -c 'from services.settings import PlannerSettings; print(PlannerSettings().model)')"
-"$py" -m cli models pull "$model" >/dev/null
-verifier_model="$("$py" -c 'from services.catalog import MODELS; from services.settings import VerifierSettings; m = VerifierSettings().base_model; print(m if m in MODELS else "")')"
-[ -z "$verifier_model" ] || "$py" -m cli models pull "$verifier_model" >/dev/null
+"$py" -m cli models pull --serving >/dev/null  # the planner's and the verifier's models
 "$py" -m cli serve --log-dir "$logs" >"$logs/serve.out" 2>&1 &
 serve_pid=$!
 trap 'kill "$serve_pid" 2>/dev/null || true; wait "$serve_pid" 2>/dev/null || true' EXIT

@@ -9,6 +9,5 @@ export PYTHONPATH="$repo${PYTHONPATH:+:$PYTHONPATH}"
 export PLANNER_BACKEND="${PLANNER_BACKEND:-llamacpp}"
 export PLANNER_MODEL="${PLANNER_MODEL:-qwen2.5-coder-1.5b-instruct}"
 export VERIFIER_BACKEND="${VERIFIER_BACKEND:-model}"
-if [ "$PLANNER_BACKEND" = llamacpp ]; then "$venv/bin/python" -m cli models pull "$PLANNER_MODEL"; fi
-if [ "$VERIFIER_BACKEND" = model ]; then "$venv/bin/python" -m cli models pull smollm2-135m-instruct; fi
+"$venv/bin/python" -m cli models pull --serving  # the planner's and the verifier's models
 exec "$venv/bin/python" -m cli serve "$@"

@@ -152,14 +152,20 @@ class VerifierSettings(CommonSettings):
     backend: Literal["scripted", "model"] = "scripted"
     # Scripted backend only: JSON file mapping a statement to [verdict, confidence].
     script_path: Path | None = None
-    # Catalog name or local directory of the base causal LM.
+    # Catalog name or local directory of the base causal LM. `qwen2.5-coder-0.5b-instruct`
+    # brings the adapter trained on the pipeline's own plans: a better judge of plan claims
+    # but, on served answers, no signal beyond the plans' agreement, so the shipped
+    # answer calibrator is fitted with the default's scores (docs/eval/dev, 2026-12-07).
     base_model: str = "smollm2-135m-instruct"
     adapter_dir: Path | None = None
     # Model backend only: what runs the model. `transformers`: the base model's
     # safetensors in float32 (float16 on a GPU) with the PEFT adapter merged.
     # `llamacpp`: the catalog model's GGUF with the adapter's `adapter.gguf`
     # (training.gguf_lora) and `calibration-llamacpp.json` (verifier.backends.llamacpp).
-    runtime: Literal["transformers", "llamacpp"] = "transformers"
+    # `auto`: llamacpp for a catalog model on the CPU whose adapter has an adapter.gguf
+    # (half the latency, docs/benchmarks/verifier.md), transformers otherwise (a model
+    # directory, a GPU, an adapter never converted): verifier.backends.resolve_runtime.
+    runtime: Literal["auto", "transformers", "llamacpp"] = "auto"
     # llamacpp runtime only: the tensor type it runs the catalog model in. `auto`: bf16
     # on a CPU with bfloat16 dot products (the trained-on weights to within bf16
     # rounding, and the fastest type measured there), q8_0 elsewhere; `source`: the

@@ -197,10 +197,11 @@ def served_execution(item: dict[str, str]) -> Execution:
 
 def served_prompt(wire: dict[str, str]) -> str:
     """The prompt the verifier's model backend renders for a claim sent over `/verify`,
-    in the format of the committed adapter."""
+    in the format of the default model's committed adapter."""
     request = VerifyRequest.model_validate_json(json.dumps(wire))
-    verifier = ModelVerifier(VerifierSettings(backend="model"))
-    adapter = Path(EMBEDDED_ADAPTERS["smollm2-135m-instruct"])
+    settings = VerifierSettings(backend="model")
+    verifier = ModelVerifier(settings)
+    adapter = Path(EMBEDDED_ADAPTERS[settings.base_model])
     verifier._fmt = json.loads((adapter / "prompt.json").read_text())
     verifier._tokenizer = lambda text: {"input_ids": text.split()}
     (prompt,) = verifier._encode([Claim(request.statement, request.context, request.question)])

@@ -191,6 +191,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("results", type=Path, nargs="+")
     parser.add_argument("--plan-format", required=True, help="the planner's PLANNER_PLAN_FORMAT")
+    parser.add_argument(
+        "--verifier",
+        help="the verifier whose scores the runs hold, recorded in fitted_for "
+        "(e.g. qwen2.5-coder-0.5b-instruct/llamacpp: VERIFIER_BASE_MODEL/VERIFIER_RUNTIME)",
+    )
     parser.add_argument("--precision", type=float, default=0.9)
     parser.add_argument(
         "--bound",
@@ -280,6 +285,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "planner_models": sorted(planner_models),
         "plan_format": args.plan_format,
         "modes": sorted(modes),
+        **({"verifier": args.verifier} if args.verifier else {}),
     }
     artifact["fitted_on"] = {
         "results": [str(p) for p in args.results],

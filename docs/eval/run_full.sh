@@ -2,10 +2,10 @@
 # The full evaluation on the embedded default: Qwen2.5-Coder-1.5B-Instruct Q4_K_M in
 # llama.cpp as the planner and as the direct baseline (EVAL_MODEL=qwen2.5-coder-0.5b-instruct
 # for the small-machine setting; the run of 2026-11-30 in docs/eval/README.md is that
-# model's), the model verifier (SmolLM2-135M + the committed LoRA adapter, symbolic checks
-# first), services on ports 18000-18002. Results go to docs/eval/1.5b/results/ (for the
-# small model, docs/eval/0.5b-draft/results/; the run of 2026-11-30 in docs/eval/results/
-# is that model's on an older pipeline and prompt).
+# model's), the model verifier of the VERIFIER_* settings (symbolic checks first; by
+# default SmolLM2-135M + the committed LoRA adapter), services on ports 18000-18002. Results go to docs/eval/1.5b/results/ (for the small model,
+# docs/eval/0.5b-draft/results/; the run of 2026-11-30 in docs/eval/results/ is that
+# model's on an older pipeline and prompt).
 #
 # The 2 cores are split: the planner's llama.cpp runs on one thread, and the `direct`
 # baseline (its own copy of the model, one thread) runs beside the pipeline modes.
@@ -51,8 +51,8 @@ export PLANNER_BACKEND=llamacpp PLANNER_MODEL="$model"
 export VERIFIER_BACKEND="${VERIFIER_BACKEND:-model}"
 export ORCH_PORT="$port" PLANNER_PORT=$((port + 1)) VERIFIER_PORT=$((port + 2))
 export PLANNER_N_THREADS="${PLANNER_N_THREADS:-1}"  # 2 when this is the only copy running
-"$py" -m cli models pull "$PLANNER_MODEL"
-"$py" -m cli models pull smollm2-135m-instruct
+export VERIFIER_N_THREADS="${VERIFIER_N_THREADS:-$PLANNER_N_THREADS}"
+"$py" -m cli models pull --serving
 declare -A files=([gsm8k]=datasets/gsm8k/test.norm.jsonl
   [svamp]=datasets/svamp/svamp.norm.jsonl)
 datasets=()

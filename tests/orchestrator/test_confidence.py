@@ -17,7 +17,7 @@ from orchestrator.confidence import ARTIFACT_FORMAT, Calibrator, CalibratorError
 from orchestrator.service import ReasonService
 from orchestrator.traces import flatten_ecs
 from services.schemas import ReasonRequest, Signals
-from services.settings import PlannerSettings
+from services.settings import PlannerSettings, VerifierSettings
 from tests.orchestrator.helpers import (
     PASSTHROUGH_CALIBRATOR,
     FakePlanner,
@@ -29,6 +29,7 @@ from tests.orchestrator.helpers import (
 from tests.orchestrator.test_stream_events import ScriptedPlanner, ScriptedVerifier, registry
 from training.fit_confidence import choose_threshold, cross_validated, fit_models
 from training.fit_confidence import main as fit
+from verifier.backends import resolve_runtime
 
 ARTIFACT = {
     "format": "answer-confidence/1",
@@ -101,6 +102,10 @@ def test_the_shipped_artifact_is_for_the_default_planner() -> None:
     defaults = PlannerSettings()
     assert defaults.model in shipped.fitted_for["planner_models"]
     assert shipped.fitted_for["plan_format"] == defaults.plan_format
+    # its verifier weight was fitted on the scores of the verifier served by default
+    verifier = VerifierSettings(backend="model")
+    served = f"{verifier.base_model}/{resolve_runtime(verifier)}"
+    assert shipped.fitted_for["verifier"] == served
 
 
 # --------------------------------------------------------------------------- fit
@@ -178,8 +183,10 @@ def test_the_fit_learns_agreement_and_keeps_the_precision(tmp_path: Path) -> Non
     results = tmp_path / "dev.jsonl"
     results.write_text("".join(json.dumps(line) + "\n" for line in dev_lines(400)))
     out = tmp_path / "artifact.json"
-    artifact = fit([str(results), "--plan-format", "json", "--out", str(out), "--precision", "0.8"])
+    argv = [str(results), "--plan-format", "json", "--out", str(out), "--precision", "0.8"]
+    artifact = fit([*argv, "--verifier", "qwen2.5-coder-0.5b-instruct/llamacpp"])
     calibrator = Calibrator.load(out)
+    assert artifact["fitted_for"]["verifier"] == "qwen2.5-coder-0.5b-instruct/llamacpp"
     assert artifact["with_verifier"]["weights"]["agreement"] > 0
     assert artifact["fitted_for"]["plan_format"] == "json"
     # the model of the runs, as the orchestrator looks it up (backend prefix dropped)

@@ -11,29 +11,77 @@ import pytest
 from pydantic import ValidationError
 
 from services.settings import VerifierSettings
-from verifier.backends import create_backend
+from verifier.backends import create_backend, resolve_runtime
 from verifier.backends.llamacpp import LlamaCppVerifier
 from verifier.backends.model import ModelVerifier
 
 pytestmark = pytest.mark.unit
 
 
-def test_the_transformers_runtime_is_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("VERIFIER_RUNTIME", raising=False)
-    backend = create_backend(VerifierSettings(backend="model"))
+def clean_env(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in ("RUNTIME", "BASE_MODEL", "ADAPTER_DIR", "DEVICE"):
+        monkeypatch.delenv(f"VERIFIER_{name}", raising=False)
+
+
+def test_the_default_model_runs_on_transformers(monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_env(monkeypatch)
+    settings = VerifierSettings(backend="model")
+    assert (settings.base_model, settings.runtime) == ("smollm2-135m-instruct", "auto")
+    backend = create_backend(settings)  # its adapter has no adapter.gguf
     assert type(backend) is ModelVerifier
     assert (backend.runtime, backend.calibration_file) == ("transformers", "calibration.json")
 
 
-def test_the_llamacpp_runtime_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("VERIFIER_RUNTIME", "llamacpp")
-    monkeypatch.setenv("VERIFIER_BASE_MODEL", "qwen2.5-coder-0.5b-instruct")
-    backend = create_backend(VerifierSettings(backend="model"))
+def test_auto_runs_the_pipeline_trained_adapter_on_llamacpp(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    clean_env(monkeypatch)
+    settings = VerifierSettings(backend="model", base_model="qwen2.5-coder-0.5b-instruct")
+    backend = create_backend(settings)
     assert isinstance(backend, LlamaCppVerifier)
     assert backend.calibration_file == "calibration-llamacpp.json"
     assert backend.adapter_dir is not None and backend.adapter_dir.name == (
         "qwen2.5-coder-0.5b-instruct"
     )
+
+
+@pytest.mark.parametrize(
+    ("overrides", "why"),
+    [
+        ({"device": "cuda:0"}, "a GPU runs float16 on transformers"),
+        ({"runtime": "transformers"}, "asked for"),
+    ],
+)
+def test_auto_runs_transformers_where_llamacpp_cannot_or_is_not_asked(
+    monkeypatch: pytest.MonkeyPatch, overrides: dict[str, str], why: str
+) -> None:
+    clean_env(monkeypatch)
+    settings = VerifierSettings(
+        backend="model", base_model="qwen2.5-coder-0.5b-instruct", **overrides
+    )
+    assert resolve_runtime(settings) == "transformers", why
+    backend = create_backend(settings)
+    assert type(backend) is ModelVerifier
+    assert (backend.runtime, backend.calibration_file) == ("transformers", "calibration.json")
+
+
+def test_auto_runs_transformers_for_a_model_directory(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    clean_env(monkeypatch)
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter.gguf").write_bytes(b"GGUF")
+    settings = VerifierSettings(backend="model", base_model=str(tmp_path), adapter_dir=adapter)
+    assert resolve_runtime(settings) == "transformers"  # no catalog GGUF to run it from
+
+
+def test_the_llamacpp_runtime_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    clean_env(monkeypatch)
+    monkeypatch.setenv("VERIFIER_RUNTIME", "llamacpp")
+    monkeypatch.setenv("VERIFIER_BASE_MODEL", "qwen2.5-coder-0.5b-instruct")
+    backend = create_backend(VerifierSettings(backend="model"))
+    assert isinstance(backend, LlamaCppVerifier)
 
 
 def test_an_unknown_runtime_is_refused(monkeypatch: pytest.MonkeyPatch) -> None:

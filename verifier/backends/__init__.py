@@ -1,9 +1,32 @@
-"""Verifier model backends, chosen by `VERIFIER_BACKEND`."""
+"""Verifier model backends, chosen by `VERIFIER_BACKEND` and `VERIFIER_RUNTIME`."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from services.settings import VerifierSettings
 from verifier.backends.base import VerifierBackend
+
+
+def resolve_runtime(settings: VerifierSettings) -> str:
+    """The runtime the model backend runs on. `auto`: llama.cpp for a catalog model on the
+    CPU whose adapter has its GGUF conversion (`adapter.gguf`), transformers otherwise: a
+    model directory (no catalog GGUF to run), a GPU (float16 on CUDA), or an adapter that
+    was never converted."""
+    if settings.runtime != "auto":
+        return settings.runtime
+    from services.catalog import MODELS
+    from verifier.backends.model import EMBEDDED_ADAPTERS
+
+    adapter = settings.adapter_dir or EMBEDDED_ADAPTERS.get(settings.base_model)
+    if (
+        settings.base_model in MODELS
+        and settings.device == "cpu"
+        and adapter is not None
+        and (Path(adapter) / "adapter.gguf").is_file()
+    ):
+        return "llamacpp"
+    return "transformers"
 
 
 def create_backend(settings: VerifierSettings) -> VerifierBackend:
@@ -11,7 +34,7 @@ def create_backend(settings: VerifierSettings) -> VerifierBackend:
         from verifier.backends.scripted import ScriptedVerifier
 
         return ScriptedVerifier(script_path=settings.script_path)
-    if settings.backend == "model" and settings.runtime == "llamacpp":
+    if settings.backend == "model" and resolve_runtime(settings) == "llamacpp":
         from verifier.backends.llamacpp import LlamaCppVerifier
 
         return LlamaCppVerifier(settings)
@@ -22,4 +45,4 @@ def create_backend(settings: VerifierSettings) -> VerifierBackend:
     raise ValueError(f"unknown verifier backend {settings.backend!r}")
 
 
-__all__ = ["VerifierBackend", "create_backend"]
+__all__ = ["VerifierBackend", "create_backend", "resolve_runtime"]

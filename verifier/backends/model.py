@@ -8,10 +8,12 @@ The adapter directory is the hand-off from `training/`: `adapter_config.json`,
 `adapter_model.safetensors`, `prompt.json` (the prompt format and answer token ids) and
 `calibration.json`.
 
-Embedded default: SmolLM2-135M-Instruct (dequantized once by the catalog) with the
-committed adapter under `verifier/adapters/`. Production: TinyLlama-1.1B on a GPU with an
-adapter trained the same way (`VERIFIER_BASE_MODEL`, `VERIFIER_ADAPTER_DIR`,
-`VERIFIER_DEVICE=cuda:0`).
+The committed adapters under `verifier/adapters/` run over catalog models (dequantized
+once by the catalog): SmolLM2-135M's is the embedded default; Qwen2.5-Coder-0.5B's,
+trained on the pipeline's own executed plans, is served by `VERIFIER_RUNTIME=auto` on the
+llama.cpp runtime (verifier.backends.llamacpp) on a CPU. Production:
+TinyLlama-1.1B on a GPU with an adapter trained the same way (`VERIFIER_BASE_MODEL`,
+`VERIFIER_ADAPTER_DIR`, `VERIFIER_DEVICE=cuda:0`) on this runtime.
 """
 
 from __future__ import annotations
@@ -34,8 +36,8 @@ from verifier.backends.base import Claim
 log = structlog.get_logger("verifier")
 
 ADAPTERS_DIR = Path(__file__).resolve().parents[1] / "adapters"
-# Catalog models with an adapter committed in this repository.
-# SmolLM2's (v3) is the default; Qwen's was trained on the pipeline's own executed plans
+# Catalog models with an adapter committed in this repository. SmolLM2's (v3, synthetic
+# claims) is the default; Qwen's was trained on the pipeline's own executed plans
 # (docs/benchmarks/verifier.md, "Third round").
 EMBEDDED_ADAPTERS = {
     name: ADAPTERS_DIR / name for name in ("smollm2-135m-instruct", "qwen2.5-coder-0.5b-instruct")
