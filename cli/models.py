@@ -25,9 +25,9 @@ CacheDir = Annotated[
 
 
 def serving_models() -> list[str]:
-    """The catalog models this environment's PLANNER_* and VERIFIER_* settings serve: the
-    planner's on the llama.cpp backend (a path in PLANNER_MODEL or PLANNER_MODEL_PATH is not pulled), and
-    the verifier's base model on the model backend."""
+    """The catalog models this environment's PLANNER_* and VERIFIER_* settings serve, each
+    once: the planner's on the llama.cpp backend (a path in PLANNER_MODEL or
+    PLANNER_MODEL_PATH is not pulled), and the verifier's base model on the model backend."""
     from services.settings import PlannerSettings, VerifierSettings
 
     names: list[str] = []
@@ -41,7 +41,7 @@ def serving_models() -> list[str]:
     verifier = VerifierSettings()
     if verifier.backend == "model" and verifier.base_model in catalog.MODELS:
         names.append(verifier.base_model)
-    return [name for k, name in enumerate(names) if name not in names[:k]]
+    return list(dict.fromkeys(names))
 
 
 @models_app.command("pull")
@@ -63,17 +63,18 @@ def pull(
     if (name is None) == (not serving):
         console.print("[red]error:[/red] give a catalog name or --serving, not both")
         raise typer.Exit(2)
-    try:
-        names = serving_models() if serving else [name or ""]
-        models = [catalog.get(n) for n in names]
-    except (catalog.UnknownModel, ValueError) as exc:
+    try:  # every name is checked before anything is downloaded
+        models = {n: catalog.get(n) for n in (serving_models() if serving else [str(name)])}
+    except (catalog.UnknownModel, ValueError) as exc:  # ValueError: a bad setting
         console.print(f"[red]error:[/red] {exc}")
         raise typer.Exit(1) from None
-    for model_name, model in zip(names, models, strict=True):
-        pull_one(model_name, model.sha256, cache_dir, console)
+    for model_name, model in models.items():
+        pull_one(model_name, model, cache_dir, console)
 
 
-def pull_one(name: str, sha256: str, cache_dir: Path | None, console: Console) -> None:
+def pull_one(
+    name: str, model: catalog.CatalogModel, cache_dir: Path | None, console: Console
+) -> None:
     with console.status(f"pulling {name}") as status:
 
         def progress(message: str) -> None:
@@ -87,7 +88,7 @@ def pull_one(name: str, sha256: str, cache_dir: Path | None, console: Console) -
             raise typer.Exit(1) from None
     out = Console()
     out.print(f"{name}: {file}")
-    out.print(f"sha256 {sha256} (verified)")
+    out.print(f"sha256 {model.sha256} (verified)")
 
 
 @models_app.command("list")

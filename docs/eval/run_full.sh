@@ -3,9 +3,10 @@
 # llama.cpp as the planner and as the direct baseline (EVAL_MODEL=qwen2.5-coder-0.5b-instruct
 # for the small-machine setting; the run of 2026-11-30 in docs/eval/README.md is that
 # model's), the model verifier of the VERIFIER_* settings (symbolic checks first; by
-# default SmolLM2-135M + the committed LoRA adapter), services on ports 18000-18002. Results go to docs/eval/1.5b/results/ (for the small model,
-# docs/eval/0.5b-draft/results/; the run of 2026-11-30 in docs/eval/results/ is that
-# model's on an older pipeline and prompt).
+# default SmolLM2-135M + the committed LoRA adapter), services on ports 18000-18002.
+# Results go to docs/eval/1.5b/results/ (for the small model, docs/eval/0.5b-draft/results/;
+# the run of 2026-11-30 in docs/eval/results/ is that model's on an older pipeline and
+# prompt).
 #
 # The 2 cores are split: the planner's llama.cpp runs on one thread, and the `direct`
 # baseline (its own copy of the model, one thread) runs beside the pipeline modes.

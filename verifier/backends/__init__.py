@@ -16,9 +16,9 @@ def resolve_runtime(settings: VerifierSettings) -> str:
     if settings.runtime != "auto":
         return settings.runtime
     from services.catalog import MODELS
-    from verifier.backends.model import EMBEDDED_ADAPTERS
+    from verifier.backends.model import adapter_dir_for
 
-    adapter = settings.adapter_dir or EMBEDDED_ADAPTERS.get(settings.base_model)
+    adapter = adapter_dir_for(settings)
     if (
         settings.base_model in MODELS
         and settings.device == "cpu"

@@ -45,6 +45,11 @@ EMBEDDED_ADAPTERS = {
 CPU_THREADS = max(1, min(4, os.cpu_count() or 1))
 
 
+def adapter_dir_for(settings: VerifierSettings) -> Path | None:
+    """VERIFIER_ADAPTER_DIR, else the adapter committed for the catalog base model."""
+    return settings.adapter_dir or EMBEDDED_ADAPTERS.get(settings.base_model)
+
+
 def sigmoid(z: float) -> float:
     if z >= 0:
         return 1.0 / (1.0 + math.exp(-z))
@@ -61,7 +66,7 @@ class ModelVerifier:
     def __init__(self, settings: VerifierSettings) -> None:
         self.settings = settings
         self.model = settings.base_model
-        self.adapter_dir = settings.adapter_dir or EMBEDDED_ADAPTERS.get(settings.base_model)
+        self.adapter_dir = adapter_dir_for(settings)
         self.temperature = 1.0
         self.bias = 0.0
         self.calibration: dict[str, Any] | None = None  # the calibration file, as read
