@@ -151,6 +151,38 @@ def staged(item: VoteItem, p: int, q: int, first_p: int, first_q: int) -> tuple[
     return replay(item, p, q), p + q
 
 
+def margin(answers: Sequence[str | None], question: str = "") -> float:
+    """The leading answer's votes less the runner-up's (each weighed as `winner` weighs
+    it; 0 for a tie at the top, the leader's whole vote when it stands alone)."""
+    counts: dict[str, float] = {}
+    for a in answers:
+        k = answer_key(a)
+        if k is not None:
+            counts[k] = counts.get(k, 0.0) + vote_weight(a, question)
+    leader, runner_up = [*sorted(counts.values(), reverse=True), 0.0, 0.0][:2]
+    return leader - runner_up
+
+
+def escalated(
+    item: VoteItem, stages: Sequence[tuple[int, int]], open_margin: float
+) -> tuple[str | None, int]:
+    """Sampling in stages (cumulative plans and solutions per stage, the last one all of
+    them): the first stage stops when its samples are unanimous (`staged`); a later stage
+    stops when the leader is more than `open_margin` votes ahead of the runner-up (0:
+    only a tie goes on). Returns the served answer and the samples drawn."""
+    from orchestrator.service import unanimous
+
+    p, q = stages[0]
+    first = [*item.plans[:p], *item.prose[:q]]
+    if len(stages) == 1 or unanimous([answer_key(a) for a in first], p + q):
+        return winner(first, item.question), p + q
+    for k, (p, q) in enumerate(stages[1:], 2):
+        answers = [*item.plans[:p], *item.prose[:q]]
+        if k == len(stages) or margin(answers, item.question) > open_margin:
+            return winner(answers, item.question), p + q
+    raise AssertionError("unreachable: the last stage always answers")
+
+
 def drawn(item: VoteItem, p: int, q: int) -> int:
     """Samples the orchestrator's adaptive sampling draws for `p` plans and `q` solutions."""
     return served(item, p, q)[1]
@@ -225,6 +257,48 @@ def routed(
     )
 
 
+def escalation_table(
+    items: list[VoteItem], max_p: int, max_q: int
+) -> list[tuple[str, int, float, int]]:
+    """A third stage over the served two (`orchestrator.service.first_stage`: the first
+    plan and the greedy solution, then four plans and three solutions): every plan and
+    solution drawn when the second stage's leader is at most `open_margin` votes ahead.
+    Rows: (rule, right, mean samples drawn, items that drew the third stage)."""
+    rows = []
+    schedules: list[tuple[str, list[tuple[int, int]], float]] = [
+        ("two stages, 4 plans + 3 solutions (served)", [(1, 1), (4, 3)], 0.0),
+        (f"two stages, {max_p} plans + {max_q} solutions", [(1, 1), (max_p, max_q)], 0.0),
+    ]
+    for m in (0.0, 0.5, 1.0, 1.5, 2.0, 3.0):
+        schedules.append(
+            (
+                f"three stages, to {max_p} + {max_q} when the margin is <= {m:g}",
+                [(1, 1), (4, 3), (max_p, max_q)],
+                m,
+            )
+        )
+    for label, stages, m in schedules:
+        got = [escalated(i, stages, m) for i in items]
+        third = sum(n == max_p + max_q for _, n in got) if len(stages) == 3 else 0
+        rows.append(
+            (
+                label,
+                sum(right(i, a) for i, (a, _) in zip(items, got, strict=True)),
+                sum(n for _, n in got) / max(len(items), 1),
+                third,
+            )
+        )
+    return rows
+
+
+def print_escalation(items: list[VoteItem], max_p: int, max_q: int) -> None:
+    print(f"\nmore samples only when the vote stays open ({len(items)} items):")
+    print("| rule | right | drawn (mean) | items that drew the third stage |")
+    print("|---|---:|---:|---:|")
+    for label, k, mean, third in escalation_table(items, max_p, max_q):
+        print(f"| {label} | {k}/{len(items)} | {mean:.2f} | {third} |")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("paths", nargs="+", type=Path)
@@ -267,6 +341,9 @@ def main(argv: list[str] | None = None) -> int:
                 f"{sum(n for _, n in got) / len(full):.2f} | "
                 f"{len(stopped)} ({sum(right(i, a) for i, a in stopped)}) |"
             )
+
+    if max_p > 4 or max_q > 3:
+        print_escalation(full, max_p, max_q)
 
     def weighing(label: str, items: list[VoteItem], p: int, q: int) -> None:
         w = whole_weighting(items, p, q)

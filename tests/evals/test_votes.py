@@ -231,3 +231,49 @@ def test_a_served_run_reports_the_weighting_over_every_vote_it_recorded(tmp_path
         "whole-number weighting (every vote each item recorded): 2/2 right with it, 1/2 without; "
         "it changed 1 answers: 1 became right, 0 wrong; it weighed down 2 of 7 answers, 0 of them right"
     ) in out
+
+
+def test_a_third_stage_is_drawn_only_while_the_leader_is_within_the_open_margin() -> None:
+    from evals.votes import escalated, margin
+
+    assert margin(["5", "5", "6"]) == 1.0
+    assert margin(["5", "6"]) == 0.0
+    assert margin(["5"]) == 1.0
+    assert margin([None]) == 0.0
+    stages = [(1, 1), (2, 2), (4, 4)]
+    # the first plan and the greedy solution agree: two samples, whatever comes after
+    agree = VoteItem("a", 5, plans=("5", "6", "6", "6"), prose=("5", "6", "6", "6"))
+    assert escalated(agree, stages, open_margin=1.0) == ("5", 2)
+    # second stage: 5 has three of four votes, two ahead of 6: it stops there
+    ahead = VoteItem("b", 5, plans=("5", "5", "9", "9"), prose=("6", "5", "9", "9"))
+    assert escalated(ahead, stages, open_margin=1.0) == ("5", 4)
+    # a tie after the second stage goes on to the third, where 9 leads
+    tied = VoteItem("c", 9, plans=("5", "6", "9", "9"), prose=("6", "5", "9", "9"))
+    assert escalated(tied, stages, open_margin=0.0) == ("9", 8)
+    # a margin of one: open at 1.0, closed at 0.5
+    one = VoteItem("d", 5, plans=("5", "5", "9", "9"), prose=("6", "7", "9", "9"))
+    assert escalated(one, stages, open_margin=1.0) == ("9", 8)
+    assert escalated(one, stages, open_margin=0.5) == ("5", 4)
+    # with one stage the first answers
+    assert escalated(tied, [(2, 2)], open_margin=5.0) == ("5", 4)
+
+
+def test_the_escalation_table_counts_right_answers_and_samples(tmp_path) -> None:
+    from evals.votes import escalation_table
+
+    items = [
+        VoteItem("a", 5, plans=("5",) * 8, prose=("5",) * 8),
+        VoteItem(
+            "b",
+            9,
+            plans=("5", "6", "9", "6", "9", "9", "9", "9"),
+            prose=("6", "5", "9") + ("9",) * 5,
+        ),
+    ]
+    rows = {label: (k, mean, third) for label, k, mean, third in escalation_table(items, 8, 8)}
+    # b's second stage: 6 has three votes, 9 and 5 two each: 6 leads by one, wrongly
+    assert rows["two stages, 4 plans + 3 solutions (served)"] == (1, (2 + 7) / 2, 0)
+    assert rows["two stages, 8 plans + 8 solutions"] == (2, (2 + 16) / 2, 0)
+    assert rows["three stages, to 8 + 8 when the margin is <= 0"] == (1, (2 + 7) / 2, 0)
+    # a lead of one is open at a margin of one: the third stage, where 9 wins
+    assert rows["three stages, to 8 + 8 when the margin is <= 1"] == (2, (2 + 16) / 2, 1)
