@@ -95,22 +95,28 @@ def _from_samples(rows: list[dict]) -> VoteItem:
     )
 
 
-def winner(answers: Sequence[str | None], question: str = "") -> str | None:
-    """The answer most of `answers` agree on, each weighed as the orchestrator weighs it
-    against `question` (`services.answers.vote_weight`); a tie goes to the one given
-    first."""
-    counts: dict[str, float] = {}
-    first: dict[str, str] = {}
+def tally(answers: Sequence[str | None], question: str = "") -> dict[str, tuple[float, str]]:
+    """Each answer key's votes, each sample weighed as the orchestrator weighs it against
+    `question` (`services.answers.vote_weight`), with the answer's text as first given;
+    keys in the order first given."""
+    votes: dict[str, tuple[float, str]] = {}
     for a in answers:
         k = answer_key(a)
         if k is not None:
-            counts[k] = counts.get(k, 0.0) + vote_weight(a, question)
-            first.setdefault(k, a or "")
-    if not counts:
+            weight, text = votes.get(k, (0.0, a or ""))
+            votes[k] = (weight + vote_weight(a, question), text)
+    return votes
+
+
+def winner(answers: Sequence[str | None], question: str = "") -> str | None:
+    """The answer most of `answers` agree on (`tally`); a tie goes to the one given
+    first."""
+    votes = tally(answers, question)
+    if not votes:
         return None
-    order = list(first)
-    best = max(counts, key=lambda k: (counts[k], -order.index(k)))
-    return first[best]
+    order = list(votes)
+    best = max(votes, key=lambda k: (votes[k][0], -order.index(k)))
+    return votes[best][1]
 
 
 def replay(item: VoteItem, p: int, q: int) -> str | None:
@@ -152,14 +158,10 @@ def staged(item: VoteItem, p: int, q: int, first_p: int, first_q: int) -> tuple[
 
 
 def margin(answers: Sequence[str | None], question: str = "") -> float:
-    """The leading answer's votes less the runner-up's (each weighed as `winner` weighs
-    it; 0 for a tie at the top, the leader's whole vote when it stands alone)."""
-    counts: dict[str, float] = {}
-    for a in answers:
-        k = answer_key(a)
-        if k is not None:
-            counts[k] = counts.get(k, 0.0) + vote_weight(a, question)
-    leader, runner_up = [*sorted(counts.values(), reverse=True), 0.0, 0.0][:2]
+    """The leading answer's votes less the runner-up's (`tally`; 0 for a tie at the top,
+    the leader's whole vote when it stands alone)."""
+    weights = sorted((w for w, _ in tally(answers, question).values()), reverse=True)
+    leader, runner_up = [*weights, 0.0, 0.0][:2]
     return leader - runner_up
 
 

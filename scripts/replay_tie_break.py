@@ -20,8 +20,9 @@ import json
 from pathlib import Path
 
 from evals.extract import extract_number, is_correct
+from evals.votes import tally, winner
 from orchestrator.service import unanimous
-from services.answers import answer_key, vote_weight
+from services.answers import answer_key
 
 MARGINS = (None, 0.0, 0.5, 1.0, 2.0)
 
@@ -35,27 +36,22 @@ def choose(samples: list[dict], question: str, margin: float | None, plans: int,
     if unanimous([answer_key(s["answer"]) for s in first], 2):
         return first[0]["answer"], False
     drawn = [*by_kind["plan"][:plans], *by_kind["prose"][:prose]]
-    weight: dict[str, float] = {}
-    best_p: dict[str, float] = {}
-    order: dict[str, int] = {}
-    text: dict[str, str] = {}
-    for i, s in enumerate(drawn):
-        k = answer_key(s["answer"])
-        if k is None:
-            continue
-        weight[k] = weight.get(k, 0.0) + vote_weight(s["answer"], question)
-        best_p[k] = max(best_p.get(k, 0.0), s.get("p") or 0.0)
-        order.setdefault(k, i)
-        text.setdefault(k, s["answer"])
-    if not weight:
+    votes = tally([d["answer"] for d in drawn], question)
+    if not votes:
         return None, False
-    top = max(weight.values())
-    plain = min((k for k in weight if weight[k] == top), key=order.__getitem__)
+    best_p: dict[str, float] = {}
+    for d in drawn:
+        k = answer_key(d["answer"])
+        if k is not None:
+            best_p[k] = max(best_p.get(k, 0.0), d.get("p") or 0.0)
+    order = list(votes)  # first drawn first
+    plain = str(answer_key(winner([d["answer"] for d in drawn], question)))  # votes: one at least
     if margin is None:
-        return text[plain], False
-    near = [k for k in weight if weight[k] >= top - margin - 1e-9]
-    chosen = max(near, key=lambda k: (best_p[k], weight[k], -order[k]))
-    return text[chosen], chosen != plain
+        return votes[plain][1], False
+    top = votes[plain][0]
+    near = [k for k in order if votes[k][0] >= top - margin - 1e-9]
+    chosen = max(near, key=lambda k: (best_p[k], votes[k][0], -order.index(k)))
+    return votes[chosen][1], chosen != plain
 
 
 def main(argv: list[str] | None = None) -> int:
