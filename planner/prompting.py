@@ -72,8 +72,19 @@ def system_template(fmt: PlanFormat = "json") -> str:
     )
 
 
+# How many of `fewshot.jsonl`'s worked examples the plan prompt shows, in file order
+# (`PLANNER_FEW_SHOT`). The first three are the examples every measured run before the
+# few-shot study showed; the five after them are harder GSM8K train items (a percentage
+# of a remainder, tiered prices, working backwards, an unknown, a rate with a unit
+# change). docs/benchmarks/plan_format.md, "How many worked examples".
+DEFAULT_SHOTS = 3
+
+
 @cache
 def few_shot() -> tuple[dict[str, Any], ...]:
+    """Every worked example the plan prompt can show (a prompt shows the first
+    `shots`). Code that keeps the examples' questions out of sampled or scored data
+    excludes all of them."""
     text = _read("fewshot.jsonl")
     return tuple(json.loads(line) for line in text.splitlines() if line.strip())
 
@@ -106,11 +117,12 @@ def build_messages(
     tools: list[ToolSpec],
     feedback: str | None = None,
     fmt: PlanFormat = "json",
+    shots: int = DEFAULT_SHOTS,
 ) -> list[dict[str, str]]:
     names = {t.name for t in tools}
     system = system_template(fmt).replace("{tools}", render_tools(tools))
     messages = [{"role": "system", "content": system}]
-    for example in few_shot():
+    for example in few_shot()[:shots]:
         # Only show examples whose tools are all offered.
         if all(step["tool"] in names for step in example["plan"]["steps"]):
             messages.append({"role": "user", "content": example["question"]})
@@ -123,12 +135,16 @@ def build_messages(
 
 
 def transcription_messages(
-    question: str, tools: list[ToolSpec], draft: str, feedback: str | None = None
+    question: str,
+    tools: list[ToolSpec],
+    draft: str,
+    feedback: str | None = None,
+    shots: int = DEFAULT_SHOTS,
 ) -> list[dict[str, str]]:
     """The draft format's second pass: the same prompt (so the same cached prefix), the
     question followed by the model's own draft, answered with the JSON plan under the
     grammar."""
-    messages = build_messages(question, tools, feedback, "draft")
+    messages = build_messages(question, tools, feedback, "draft", shots)
     messages[-1]["content"] += (
         f"\n\nA draft of the solution:\n{draft}\n\n"
         'Write the plan for this draft as one JSON object with "reasoning", "steps" and '
@@ -147,12 +163,16 @@ PROGRAM_REQUEST = (
 
 
 def program_messages(
-    question: str, tools: list[ToolSpec], draft: str, feedback: str | None = None
+    question: str,
+    tools: list[ToolSpec],
+    draft: str,
+    feedback: str | None = None,
+    shots: int = DEFAULT_SHOTS,
 ) -> list[dict[str, str]]:
     """The draft format's program pass, for a draft written in prose only: the same
     prompt (so the same cached prefix), the model's draft as its own answer, then the
     request for that solution's program. What it writes is read as a draft again."""
-    messages = build_messages(question, tools, feedback, "draft")
+    messages = build_messages(question, tools, feedback, "draft", shots)
     messages.append({"role": "assistant", "content": draft})
     messages.append({"role": "user", "content": PROGRAM_REQUEST})
     return messages

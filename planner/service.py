@@ -108,7 +108,7 @@ class PlannerService(ModelHost):
         tools = list(DEFAULT_TOOLS)
         await self.backend.generate(
             GenerationRequest(
-                messages=build_messages(WARM_UP_QUESTION, tools, None, fmt),
+                messages=build_messages(WARM_UP_QUESTION, tools, None, fmt, self.settings.few_shot),
                 json_schema=plan_json_schema(
                     tool_names(tools), reasoning_chars=spec.reasoning_chars
                 )
@@ -169,7 +169,9 @@ class PlannerService(ModelHost):
             requests = [
                 replace(
                     first,
-                    messages=program_messages(first.question, tools, draft, feedback),
+                    messages=program_messages(
+                        first.question, tools, draft, feedback, self.settings.few_shot
+                    ),
                     n=1,
                     temperature=0.0,  # the program of this draft, not a new sample
                     stop=list(DRAFT_STOP),
@@ -206,7 +208,9 @@ class PlannerService(ModelHost):
         requests = [
             replace(
                 first,
-                messages=transcription_messages(first.question, tools, draft, feedback),
+                messages=transcription_messages(
+                    first.question, tools, draft, feedback, self.settings.few_shot
+                ),
                 json_schema=schema,
                 n=1,
                 temperature=0.0,  # a copy of the draft, not a new sample
@@ -298,7 +302,9 @@ class PlannerService(ModelHost):
         spec = FORMATS[fmt]
         base = self._temperature(job.request)
         gen_request = GenerationRequest(
-            messages=build_messages(job.request.question, job.tools, job.feedback, fmt),
+            messages=build_messages(
+                job.request.question, job.tools, job.feedback, fmt, self.settings.few_shot
+            ),
             json_schema=plan_json_schema(job.names, reasoning_chars=spec.reasoning_chars)
             if spec.constrained
             else None,

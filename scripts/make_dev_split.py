@@ -25,10 +25,15 @@ TRAIN = GSM8K_TRAIN
 OUT = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
 SEED = 20261201
 SIZE = 300
+EXAMPLES_WHEN_DRAWN = 3
 
 
 def dev_split(train: Path = TRAIN, size: int = SIZE, seed: int = SEED) -> list[dict[str, str]]:
-    shown = {e["question"] for e in few_shot()} | {q for q, _ in prose_prompt().examples}
+    # The plan prompt's examples when the split was drawn: its first three. Examples
+    # added since are outside the split (its test checks), and must not move it.
+    shown = {e["question"] for e in few_shot()[:EXAMPLES_WHEN_DRAWN]} | {
+        q for q, _ in prose_prompt().examples
+    }
     rows = [json.loads(line) for line in train.read_text(encoding="utf-8").split("\n") if line]
     pool = [r for r in rows if r["question"] not in shown]
     return [

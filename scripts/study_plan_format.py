@@ -9,6 +9,10 @@ planner model loaded once in-process, every item is run in every arm:
 - `direct`: the same model answers with chain-of-thought (the evaluation's `direct`
   prompt, greedy), no tools.
 
+A format arm may name how many of the prompt's worked examples it shows: `draft@8` is
+the draft format with the first eight of `planner/prompts/fewshot.jsonl`; a bare format
+shows the settings' default (`PLANNER_FEW_SHOT`).
+
 The answer is scored with the evaluation's rule (evals.extract). Items run in chunks of
 `--chunk` (10), every arm over one chunk before the next chunk, so a stopped run covers
 nearly the same items in every arm, while the planner's cached prompt prefix (one per
@@ -36,7 +40,7 @@ from evals.data import iter_results, load_items
 from evals.extract import extract_number, is_correct
 from evals.modes import DirectRunner
 from evals.stats import percentile, wilson_interval
-from planner.prompting import PLAN_FORMATS
+from planner.prompting import PLAN_FORMATS, PlanFormat, few_shot
 from planner.service import PlannerService
 from services.errors import ServiceError
 from services.schemas import PlanRequest
@@ -46,6 +50,31 @@ REPO = Path(__file__).resolve().parents[1]
 
 DEV = REPO / "evals" / "splits" / "gsm8k-train-dev.jsonl"
 ARMS = (*PLAN_FORMATS, "direct")
+
+
+def arm_spec(arm: str) -> tuple[PlanFormat | None, int | None]:
+    """An arm's plan format and number of worked examples: `draft@8` is (draft, 8), a bare
+    format (format, None: the settings' default), `direct` (None, None)."""
+    if arm == "direct":
+        return None, None
+    fmt, at, shots = arm.partition("@")
+    if fmt not in PLAN_FORMATS:
+        raise ValueError(
+            f"unknown arm {arm!r}: a plan format ({', '.join(PLAN_FORMATS)})[@N] or direct"
+        )
+    if not at:
+        return fmt, None  # type: ignore[return-value]
+    if not shots.isdigit() or not 0 <= int(shots) <= len(few_shot()):
+        raise ValueError(f"{arm!r}: the number of examples is 0 to {len(few_shot())}")
+    return fmt, int(shots)  # type: ignore[return-value]
+
+
+def _arm(text: str) -> str:
+    try:
+        arm_spec(text)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from exc
+    return text
 
 
 async def make_executor(stack: AsyncExitStack) -> Any:
@@ -87,7 +116,7 @@ class Usage:
 async def run(args: argparse.Namespace) -> None:
     from planner.backends.llamacpp import LlamaCppBackend
 
-    items = load_items(args.data, limit=args.limit)
+    items = load_items(args.data, offset=args.offset, limit=args.limit)
     done = (
         {(r.get("arm"), r.get("id")) for r in iter_results(args.out)}
         if args.out.exists()
@@ -98,10 +127,14 @@ async def run(args: argparse.Namespace) -> None:
     )
     backend = Usage(LlamaCppBackend(settings))
     await backend.load()
-    services = {
-        fmt: PlannerService(backend, settings.model_copy(update={"plan_format": fmt}))
-        for fmt in PLAN_FORMATS
-    }
+    services = {}
+    for arm in args.arms:
+        fmt, shots = arm_spec(arm)
+        if fmt is not None:
+            update: dict[str, Any] = {"plan_format": fmt}
+            if shots is not None:
+                update["few_shot"] = shots
+            services[arm] = PlannerService(backend, settings.model_copy(update=update))
     for service in services.values():
         await service.load()  # the backend is loaded once; this marks each service ready
     direct = DirectRunner(backend, dataset="gsm8k-train-dev")
@@ -161,15 +194,17 @@ def report(paths: list[Path], arms: Sequence[str] = ARMS) -> str:
     for r in rows:
         by_arm.setdefault(r["arm"], {})[r["id"]] = r
     common = set.intersection(*(set(v) for v in by_arm.values())) if by_arm else set()
+    # paired against `direct` when it ran, else against the first of `arms` that ran
+    baseline = "direct" if "direct" in by_arm else next((a for a in arms if a in by_arm), "")
     lines = [
         f"Items run in every arm: {len(common)}.",
         "",
         "| arm | right | accuracy [Wilson 95%] | seconds P50 / P95 | tokens (mean) | "
-        "model calls (mean) | vs direct (+rescued / −lost) |",
+        f"model calls (mean) | vs {baseline} (+rescued / −lost) |",
         "|---|---|---|---|---|---|---|",
     ]
-    direct = by_arm.get("direct", {})
-    for arm in ARMS:
+    base = by_arm.get(baseline, {})
+    for arm in dict.fromkeys([*arms, *by_arm]):
         if arm not in by_arm:
             continue
         got = [by_arm[arm][i] for i in sorted(common)]
@@ -178,9 +213,9 @@ def report(paths: list[Path], arms: Sequence[str] = ARMS) -> str:
         secs = [r["seconds"] for r in got]
         tokens = sum(r["completion_tokens"] for r in got) / max(len(got), 1)
         calls = sum(r["calls"] for r in got) / max(len(got), 1)
-        if direct and arm != "direct":
-            up = sum(by_arm[arm][i]["correct"] and not direct[i]["correct"] for i in common)
-            down = sum(direct[i]["correct"] and not by_arm[arm][i]["correct"] for i in common)
+        if base and arm != baseline:
+            up = sum(by_arm[arm][i]["correct"] and not base[i]["correct"] for i in common)
+            down = sum(base[i]["correct"] and not by_arm[arm][i]["correct"] for i in common)
             paired = f"+{up} / −{down}"
         else:
             paired = ""
@@ -196,8 +231,11 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--model", default="qwen2.5-coder-1.5b-instruct")
     parser.add_argument("--data", type=Path, default=DEV)
+    parser.add_argument("--offset", type=int, default=0, help="skip this many items first")
     parser.add_argument("--limit", type=int, default=60)
-    parser.add_argument("--arms", nargs="+", choices=ARMS, default=list(ARMS))
+    parser.add_argument(
+        "--arms", nargs="+", type=_arm, default=list(ARMS), help="FORMAT[@EXAMPLES] or direct"
+    )
     parser.add_argument("--chunk", type=int, default=10)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--seed", type=int, default=0)

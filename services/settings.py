@@ -100,6 +100,10 @@ class PlannerSettings(CommonSettings):
     # one-sentence `reasoning`, `reasoning` with a longer one, `draft` free thinking and a
     # program first, turned into the plan by the planner. docs/benchmarks/plan_format.md
     plan_format: Literal["json", "reasoning", "draft"] = "draft"
+    # How many of the prompt's worked examples (planner/prompts/fewshot.jsonl) the plan
+    # prompt shows, in file order. docs/benchmarks/plan_format.md, "How many worked
+    # examples".
+    few_shot: int = Field(default=3, ge=0, le=8)
     # Evaluate the plan prompt's prefix once at startup, before /readyz says ready, on
     # backends that cache prefixes (llama.cpp, vLLM): the first request then does not pay
     # for it (the longest part of a first plan on a small CPU).

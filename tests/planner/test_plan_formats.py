@@ -89,6 +89,53 @@ def test_every_example_reads_back_as_its_plan(fmt: str) -> None:
             assert plan.reasoning == " ".join(example["thought"].split())
 
 
+def test_every_example_program_computes_its_items_gold_answer() -> None:
+    """A worked example teaches what it shows: each example's program, run, gives the
+    gold answer of the GSM8K train item it is (its `source`)."""
+    from evals.datasets import GSM8K_TRAIN
+
+    gold = {}
+    for line in GSM8K_TRAIN.read_text(encoding="utf-8").split("\n"):
+        if line.strip():
+            row = json.loads(line)
+            gold[row["id"]] = (row["question"], float(row["answer"]))
+    for example in few_shot():
+        question, answer = gold[example["source"]]
+        assert example["question"] == question
+        (step,) = example["plan"]["steps"]
+        scope: dict[str, Any] = {}
+        exec(step["input"], {}, scope)  # the project's own example data, not model output
+        assert abs(scope["result"] - answer) < 1e-9, example["source"]
+
+
+@pytest.mark.parametrize("shots", [0, 3, 8])
+def test_the_prompt_shows_the_first_examples_it_is_asked_for(shots: int) -> None:
+    tools = list(DEFAULT_TOOLS)
+    messages = build_messages("How many?", tools, fmt="draft", shots=shots)
+    assert len(messages) == 2 + 2 * shots
+    shown = [m["content"] for m in messages[1:-1:2]]
+    assert shown == [e["question"] for e in few_shot()[:shots]]
+    # more examples only add to the prompt, after the ones fewer would show
+    assert (
+        build_messages("How many?", tools, fmt="draft", shots=8)[: 1 + 2 * shots] == messages[:-1]
+    )
+
+
+def test_the_settings_default_is_the_prompts_default() -> None:
+    from planner.prompting import DEFAULT_SHOTS
+
+    assert PlannerSettings().few_shot == DEFAULT_SHOTS <= len(few_shot()) == 8
+
+
+async def test_the_service_shows_the_number_of_examples_its_settings_name() -> None:
+    backend = Backend([DRAFT])
+    service = await draft_service(backend, few_shot=8)
+    await service.plan(PlanRequest(question="How much fruit?"))
+    (request,) = backend.requests
+    assert [m["content"] for m in request.messages[1:-1:2]] == [e["question"] for e in few_shot()]
+    assert request.messages[-1]["content"] == "How much fruit?"
+
+
 def test_transcription_shares_the_draft_prompt_prefix() -> None:
     """The transcription pass differs from the draft pass only in its last message, so
     the engine's cached prefix serves both."""

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts.study_plan_format import report
+from scripts.study_plan_format import arm_spec, report
 
 pytestmark = [pytest.mark.unit]
 
@@ -47,3 +47,23 @@ def test_chosen_arms_leave_an_arm_stopped_early_out(run: Path) -> None:
     assert "Items run in every arm: 6." in table
     assert "| json | 3/6 |" in table and "| direct | 3/6 |" in table
     assert "reasoning" not in table
+
+
+def test_an_arm_names_its_format_and_how_many_examples_it_shows() -> None:
+    assert arm_spec("draft") == ("draft", None)
+    assert arm_spec("draft@8") == ("draft", 8)
+    assert arm_spec("json@0") == ("json", 0)
+    assert arm_spec("direct") == (None, None)
+    for bad in ("drafts", "draft@", "draft@x", "draft@9", "direct@3"):
+        with pytest.raises(ValueError):
+            arm_spec(bad)
+
+
+def test_without_direct_the_arms_are_paired_against_the_first(tmp_path: Path) -> None:
+    rows = [line("draft", i, correct=i < 3) for i in range(6)]
+    rows += [line("draft@8", i, correct=i in (1, 2, 3, 4)) for i in range(6)]
+    path = tmp_path / "study.jsonl"
+    path.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    table = report([path], ["draft", "draft@8"])
+    assert "vs draft (+rescued / −lost)" in table
+    assert "| draft@8 | 4/6 |" in table and "| +2 / −1 |" in table
