@@ -77,7 +77,7 @@ def system_template(fmt: PlanFormat = "json") -> str:
 # few-shot study showed; the five after them are harder GSM8K train items (a percentage
 # of a remainder, tiered prices, working backwards, an unknown, a rate with a unit
 # change). docs/benchmarks/plan_format.md, "How many worked examples".
-DEFAULT_SHOTS = 3
+DEFAULT_SHOTS = 8
 
 
 @cache

@@ -192,7 +192,7 @@ def main() -> None:
     )
     parser.add_argument("--quantization", default="")
     parser.add_argument("--dtype", default="float32")
-    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--max-model-len", type=int, default=4096)
     parser.add_argument("--max-tokens", type=int, default=512)
     parser.add_argument(
         "--time-budget-s", type=float, default=0, help="stop starting questions after this"

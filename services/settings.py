@@ -103,7 +103,7 @@ class PlannerSettings(CommonSettings):
     # How many of the prompt's worked examples (planner/prompts/fewshot.jsonl) the plan
     # prompt shows, in file order. docs/benchmarks/plan_format.md, "How many worked
     # examples".
-    few_shot: int = Field(default=3, ge=0, le=8)
+    few_shot: int = Field(default=8, ge=0, le=8)
     # Evaluate the plan prompt's prefix once at startup, before /readyz says ready, on
     # backends that cache prefixes (llama.cpp, vLLM): the first request then does not pay
     # for it (the longest part of a first plan on a small CPU).

@@ -49,7 +49,13 @@ from typing import Any
 
 import torch
 
-from planner.prompting import PLAN_FORMATS, build_messages, render_example
+from planner.prompting import (
+    DEFAULT_SHOTS,
+    PLAN_FORMATS,
+    build_messages,
+    few_shot,
+    render_example,
+)
 from services.toolspecs import DEFAULT_TOOLS
 from training.data import read_jsonl
 from training.scoring import load_tokenizer, set_threads
@@ -79,6 +85,9 @@ class PlannerTrainConfig:
     # The plan format the targets are written in: the planner's `PLANNER_PLAN_FORMAT`
     # (services.settings), which the adapter is then served with.
     plan_format: str = "draft"
+    # How many of the plan prompt's worked examples the training prompts show: the
+    # planner's `PLANNER_FEW_SHOT`, which the adapter is then served with.
+    few_shot: int = DEFAULT_SHOTS
     seed: int = 7  # seeds data order, LoRA initialisation and dropout
     # --- LoRA
     lora_r: int = 16  # rank of each low-rank update (dimensionless)
@@ -141,6 +150,8 @@ class PlannerTrainConfig:
                 )
         if self.plan_format not in PLAN_FORMATS:
             raise ValueError(f"plan_format must be one of {', '.join(PLAN_FORMATS)}")
+        if not 0 <= self.few_shot <= len(few_shot()):
+            raise ValueError(f"few_shot must be 0 to {len(few_shot())}")
         if self.lora_r < 1 or self.lora_alpha < 1:
             raise ValueError("lora_r and lora_alpha must be >= 1")
         if not 0 <= self.lora_dropout < 1:
@@ -200,23 +211,29 @@ def chat_ids(tokenizer: Any, messages: list[dict[str, str]], generation: bool) -
     return list(ids)
 
 
-def planner_messages(question: str, fmt: str) -> list[dict[str, str]]:
+def planner_messages(question: str, fmt: str, shots: int = DEFAULT_SHOTS) -> list[dict[str, str]]:
     """The planner's first-pass messages for a question, over the tools a `/plan` request
-    gets when it names none (`planner.service`)."""
-    return build_messages(question, list(DEFAULT_TOOLS), None, fmt)  # type: ignore[arg-type]
+    gets when it names none (`planner.service`), with `shots` worked examples."""
+    return build_messages(question, list(DEFAULT_TOOLS), None, fmt, shots)  # type: ignore[arg-type]
 
 
-def shared_prefix(tokenizer: Any, fmt: str) -> list[int]:
+def shared_prefix(tokenizer: Any, fmt: str, shots: int = DEFAULT_SHOTS) -> list[int]:
     """Token ids of the system prompt and few-shot exchanges every example starts with."""
-    messages = planner_messages("?", fmt)[:-1]
+    messages = planner_messages("?", fmt, shots)[:-1]
     return chat_ids(tokenizer, messages, generation=False)
 
 
-def encode(example: dict[str, Any], tokenizer: Any, fmt: str, prefix: list[int]) -> Encoded | None:
+def encode(
+    example: dict[str, Any],
+    tokenizer: Any,
+    fmt: str,
+    prefix: list[int],
+    shots: int = DEFAULT_SHOTS,
+) -> Encoded | None:
     """The example's tokens after `prefix`, or None where the chat template does not
     tokenize the conversation as the prefix followed by the rest (then it cannot share
     the prefix's cache)."""
-    messages = planner_messages(example["question"], fmt)
+    messages = planner_messages(example["question"], fmt, shots)
     prompt = chat_ids(tokenizer, messages, generation=True)
     full = chat_ids(
         tokenizer,
@@ -246,7 +263,7 @@ def load_examples(
     kept: list[Encoded] = []
     skipped = {"too_long": 0, "template": 0}
     for row in rows:
-        enc = encode(row, tokenizer, cfg.plan_format, prefix)
+        enc = encode(row, tokenizer, cfg.plan_format, prefix, cfg.few_shot)
         if enc is None:
             skipped["template"] += 1
         elif len(enc.rest) - enc.target_start > cfg.max_target_tokens:
@@ -334,7 +351,7 @@ def train(
     out.mkdir(parents=True, exist_ok=True)
 
     tokenizer = load_tokenizer(cfg.base_model)
-    prefix = shared_prefix(tokenizer, cfg.plan_format)
+    prefix = shared_prefix(tokenizer, cfg.plan_format, cfg.few_shot)
     examples, skipped = load_examples(Path(cfg.data_dir) / "train.jsonl", tokenizer, cfg, prefix)
     if not examples:
         raise ValueError(f"{cfg.data_dir}/train.jsonl has no example to train on ({skipped})")
@@ -451,7 +468,7 @@ def train(
         "Made by `training/train_planner.py` from the planner's own right plans "
         "(`training/planner_data.py`); the config, data recipe and loss curve are in "
         "`train_config.json`, `data_recipe.json` and `train_log.jsonl` beside this file. "
-        f"Served with `PLANNER_PLAN_FORMAT={cfg.plan_format}`.\n\n"
+        f"Served with `PLANNER_PLAN_FORMAT={cfg.plan_format} PLANNER_FEW_SHOT={cfg.few_shot}`.\n\n"
         "```\npython -m training.train_planner " + " ".join(sys.argv[1:]) + "\n```\n"
     )
     copy_data_recipe(Path(cfg.data_dir), out)

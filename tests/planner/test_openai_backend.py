@@ -214,7 +214,12 @@ def vllm_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         python, "-m", "vllm.entrypoints.openai.api_server",
         "--host", "127.0.0.1", "--port", str(port),
         "--model", str(model_dir), "--served-model-name", "smollm2",
-        "--dtype", "float32", "--enforce-eager", "--max-model-len", "2048",
+        "--dtype", "float32", "--enforce-eager", "--max-model-len", "4096",
+        # A prompt longer than one prefill chunk (2,048 tokens by default here) makes the
+        # CPU model runner rewind a seeded request's generator by an offset, which a CPU
+        # generator does not have: the engine dies ("CPU Generator does not use offset").
+        # One chunk as long as the context keeps every prompt in one prefill.
+        "--max-num-batched-tokens", "4096",
         "--seed", "0", "--disable-log-stats",
     ]  # fmt: skip
     with log_file.open("wb") as log:

@@ -54,7 +54,7 @@ def lora_planner(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[str
         PLANNER_QUANTIZATION="",
         PLANNER_DTYPE="float32",
         PLANNER_ENFORCE_EAGER="true",
-        PLANNER_MAX_MODEL_LEN="2048",
+        PLANNER_MAX_MODEL_LEN="4096",
         PLANNER_LOG_DIR=str(tmp),
         PLANNER_LOG_FORMAT="json",
     )

@@ -132,6 +132,30 @@ def test_an_example_is_the_planner_prompt_then_the_plan_in_the_served_format(
     assert "python" in system and "calc" in system
 
 
+def test_the_prompts_show_the_examples_the_config_names(tiny: tuple[Path, Path]) -> None:
+    """The training prompt is the served one for the same PLANNER_FEW_SHOT: the shared
+    prefix holds exactly the examples the config names."""
+    from transformers import AutoTokenizer
+
+    from services.settings import PlannerSettings
+
+    tokenizer = AutoTokenizer.from_pretrained(str(tiny[1]))
+    assert tp.PlannerTrainConfig.few_shot == PlannerSettings().few_shot
+    from planner.prompting import build_messages
+    from services.toolspecs import DEFAULT_TOOLS
+
+    lengths = []
+    for shots in (0, 3, 8):
+        prefix = tp.shared_prefix(tokenizer, "draft", shots)
+        served = build_messages("?", list(DEFAULT_TOOLS), None, "draft", shots)[:-1]
+        assert len(served) == 1 + 2 * shots
+        assert prefix == tp.chat_ids(tokenizer, served, generation=False)
+        lengths.append(len(prefix))
+    assert lengths == sorted(set(lengths))  # each count shows more than the one before
+    enc = tp.encode(EXAMPLES[0], tokenizer, "draft", tp.shared_prefix(tokenizer, "draft", 8), 8)
+    assert enc is not None
+
+
 def test_the_prefix_cache_gives_the_whole_sequences_loss(tiny: tuple[Path, Path]) -> None:
     from peft import LoraConfig, get_peft_model
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -203,6 +227,8 @@ def test_the_config_refuses_what_it_cannot_train(tiny: tuple[Path, Path], tmp_pa
         tp.PlannerTrainConfig(base_model=str(tiny[1]), data_dir=str(empty), out_dir="x")
     with pytest.raises(ValueError, match="dtype"):
         config(tiny, tmp_path, dtype="int8")
+    with pytest.raises(ValueError, match="few_shot"):
+        config(tiny, tmp_path, few_shot=len(few_shot()) + 1)
     args = ["--base-model", str(tiny[1]), "--data", str(tiny[0]), "--out", "x"]
     cfg = tp.parse_args([*args, "--max-steps", "9", "--target-modules", "q_proj", "v_proj"])
     assert cfg.max_steps == 9 and cfg.target_modules == ["q_proj", "v_proj"]
