@@ -129,10 +129,12 @@ def test_the_settings_default_is_the_prompts_default() -> None:
 
 async def test_the_service_shows_the_number_of_examples_its_settings_name() -> None:
     backend = Backend([DRAFT])
-    service = await draft_service(backend, few_shot=8)
+    # fewer than the default: a service that ignored its settings would show all eight
+    service = await draft_service(backend, few_shot=3)
     await service.plan(PlanRequest(question="How much fruit?"))
     (request,) = backend.requests
-    assert [m["content"] for m in request.messages[1:-1:2]] == [e["question"] for e in few_shot()]
+    shown = [m["content"] for m in request.messages[1:-1:2]]
+    assert shown == [e["question"] for e in few_shot()[:3]]
     assert request.messages[-1]["content"] == "How much fruit?"
 
 
